@@ -1,0 +1,72 @@
+# Runsite — `make run` (demo on SQLite) and `make test` (the whole suite).
+# The Makefile finds a Python >= 3.12 by itself; override with `make PYTHON=/path/to/python3.12 ...`.
+
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+# Candidates in order: $PYTHON, python3.13/3.12/python3 on PATH, then any pyenv 3.12+/3.13+.
+define FIND_PYTHON
+ok() { "$$1" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' >/dev/null 2>&1; }; \
+if [ -n "$(PYTHON)" ]; then \
+  if ok "$(PYTHON)"; then echo "$(PYTHON)"; exit 0; fi; \
+  echo "PYTHON=$(PYTHON) is not a Python >= 3.12" >&2; exit 1; \
+fi; \
+for c in python3.14 python3.13 python3.12 python3 python; do \
+  p=$$(command -v $$c 2>/dev/null) && ok "$$p" && { echo "$$p"; exit 0; }; \
+done; \
+if command -v pyenv >/dev/null 2>&1; then \
+  root=$$(pyenv root); \
+  for v in $$(pyenv versions --bare 2>/dev/null | grep -E '^3\.(1[2-9])(\.|$$)' | sort -rV); do \
+    p="$$root/versions/$$v/bin/python3"; ok "$$p" && { echo "$$p"; exit 0; }; \
+  done; \
+fi; \
+echo "No Python >= 3.12 found (Django 6 needs it). Install one, or run: make PYTHON=/path/to/python3.12 $(MAKECMDGOALS)" >&2; exit 1
+endef
+
+.PHONY: run test test-fast lint format bench clean help
+
+help:
+	@echo "make run    demo on SQLite with a built-in worker, http://$(HOST):$(PORT)"
+	@echo "make test   install and run the whole suite (PostgreSQL when DATABASE_URL points at it)"
+	@echo "make lint   ruff + migrations check"
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	@set -e; if [ ! -x "$(PY)" ]; then \
+	  base=$$($(FIND_PYTHON)); echo "Creating $(VENV) with $$base"; "$$base" -m venv $(VENV); fi
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	@touch $@
+
+run: $(VENV)/.installed
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py collectstatic --noinput --verbosity 0
+	$(PY) manage.py seed_demo
+	@echo ""
+	@echo "  Runsite is up at http://$(HOST):$(PORT)/   (API docs: http://$(HOST):$(PORT)/api/docs)"
+	@echo "  Logins: admin/admin (staff), reviewer/reviewer (Reviewers), support/support (Support)"
+	@echo "  !! RUNS_API_AUTH=off: the JSON API accepts requests without an API key (demo only) !!"
+	@echo ""
+	RUNS_EMBEDDED_WORKER=1 RUNS_API_AUTH=off DEBUG=$${DEBUG:-1} \
+	  $(PY) -m daphne -b $(HOST) -p $(PORT) runsite.asgi:application
+
+test: $(VENV)/.installed
+	$(PY) manage.py collectstatic --noinput --verbosity 0
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -m "not e2e and not slow" -x $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) manage.py makemigrations --check --dry-run
+
+format: $(VENV)/.installed
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) staticfiles db.sqlite3* test-artifacts

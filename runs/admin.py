@@ -1,0 +1,241 @@
+"""Admin: inspection of every model. JSON is shown read-only and readable; the one write action
+(cancel selected runs) goes through the service layer like every other surface."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from runs import services
+from runs.exceptions import RunsError
+from runs.models import ApiKey, AuditEntry, Checkpoint, Run, RunEvent, Thread, ToolCall
+
+
+def pretty_json(value: Any) -> str:
+    # format_html escapes the text: tool arguments are untrusted.
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    if len(text) > 20_000:
+        text = text[:20_000] + "\n… (truncated)"
+    return format_html('<pre style="white-space:pre-wrap;max-width:70em">{}</pre>', text)
+
+
+def json_fields(*names: str) -> tuple[list[str], dict[str, Any]]:
+    """Read-only pretty display methods for the named JSON fields."""
+    methods: dict[str, Any] = {}
+    for name in names:
+
+        def show(self: Any, obj: Any, _name: str = name) -> str:
+            return pretty_json(getattr(obj, _name))
+
+        show.short_description = name  # type: ignore[attr-defined]
+        methods[f"{name}_pretty"] = show
+    return [f"{n}_pretty" for n in names], methods
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+_thread_json, _thread_methods = json_fields("metadata", "values")
+
+
+@admin.register(Thread)
+class ThreadAdmin(ReadOnlyAdmin):
+    list_display = ("id", "status", "resource_id", "created_at", "updated_at")
+    list_filter = ("status", "created_at")
+    search_fields = ("=id", "resource_id")
+    exclude = ("metadata", "values")
+    readonly_fields = ("id", "status", "resource_id", "created_at", "updated_at", *_thread_json)
+    date_hierarchy = "created_at"
+    locals().update(_thread_methods)
+
+
+class ToolCallInline(admin.TabularInline):
+    model = ToolCall
+    fk_name = "run"
+    extra = 0
+    can_delete = False
+    fields = (
+        "tool_call_id",
+        "tool_name",
+        "status",
+        "requires_approval",
+        "decided_by",
+        "decided_at",
+    )
+    readonly_fields = fields
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+_run_json, _run_methods = json_fields("input", "output", "error", "metadata", "kwargs")
+
+
+@admin.register(Run)
+class RunAdmin(ReadOnlyAdmin):
+    list_display = ("id", "agent_id", "status", "thread_id", "resource_id", "attempt", "created_at")
+    list_filter = ("status", "agent_id", "created_at")
+    search_fields = ("=id", "=thread__id", "resource_id", "agent_id")
+    exclude = ("input", "output", "error", "metadata", "kwargs")
+    readonly_fields = (
+        "id",
+        "thread",
+        "agent_id",
+        "parent_run",
+        "resource_id",
+        "status",
+        "multitask_strategy",
+        "attempt",
+        "lease_owner",
+        "lease_expires_at",
+        "deadline_at",
+        "not_before",
+        "cancel_action",
+        "cancel_requested_at",
+        "cancel_reason",
+        "last_seq",
+        "created_at",
+        "started_at",
+        "suspended_at",
+        "finished_at",
+        "updated_at",
+        *_run_json,
+    )
+    list_select_related = ()
+    date_hierarchy = "created_at"
+    inlines = [ToolCallInline]
+    actions = ["cancel_interrupt"]
+    locals().update(_run_methods)
+
+    @admin.action(description="Cancel selected runs (interrupt)", permissions=["cancel"])
+    def cancel_interrupt(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        try:
+            result = services.runs_cancel_many(
+                action="interrupt",
+                actor=request.user,
+                run_ids=list(queryset.values_list("id", flat=True)),
+            )
+        except RunsError as exc:
+            self.message_user(request, exc.detail, messages.ERROR)
+            return
+        self.message_user(
+            request,
+            f"Interrupted {len(result.interrupted)} run(s); cancel requested for "
+            f"{len(result.requested)} running run(s). Finished runs were skipped.",
+            messages.SUCCESS,
+        )
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("runs.cancel_run")
+
+
+_cp_json, _cp_methods = json_fields("values", "pending")
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(ReadOnlyAdmin):
+    list_display = ("id", "run_id", "thread_id", "step", "created_at")
+    list_filter = ("created_at",)
+    search_fields = ("=id", "=run__id", "=thread__id")
+    exclude = ("values", "pending")
+    readonly_fields = ("id", "run", "thread", "parent", "step", "created_at", *_cp_json)
+    locals().update(_cp_methods)
+
+
+_tc_json, _tc_methods = json_fields(
+    "args", "original_args", "suspend_payload", "resume_schema", "resume_data", "result"
+)
+
+
+@admin.register(ToolCall)
+class ToolCallAdmin(ReadOnlyAdmin):
+    list_display = ("tool_call_id", "tool_name", "status", "run_id", "decided_by", "created_at")
+    list_filter = ("status", "tool_name", "requires_approval", "created_at")
+    search_fields = ("=tool_call_id", "=run__id", "tool_name")
+    exclude = ("args", "original_args", "suspend_payload", "resume_schema", "resume_data", "result")
+    readonly_fields = (
+        "run",
+        "tool_call_id",
+        "step",
+        "tool_name",
+        "requires_approval",
+        "status",
+        "child_run",
+        "decided_by",
+        "decided_at",
+        "decision_reason",
+        "suspended_at",
+        "started_at",
+        "finished_at",
+        "created_at",
+        *_tc_json,
+    )
+    locals().update(_tc_methods)
+
+
+_ev_json, _ev_methods = json_fields("data")
+
+
+@admin.register(RunEvent)
+class RunEventAdmin(ReadOnlyAdmin):
+    list_display = ("run_id", "seq", "kind", "actor", "created_at")
+    list_filter = ("kind", "created_at")
+    search_fields = ("=run__id",)
+    exclude = ("data",)
+    readonly_fields = ("run", "seq", "kind", "actor", "created_at", *_ev_json)
+    locals().update(_ev_methods)
+
+
+_au_json, _au_methods = json_fields("before", "after")
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(ReadOnlyAdmin):
+    list_display = ("created_at", "actor", "action", "run_id", "tool_call_id", "reason")
+    list_filter = ("action", "created_at")
+    search_fields = ("=run_id", "=thread_id", "actor", "tool_call_id")
+    exclude = ("before", "after")
+    readonly_fields = (
+        "actor",
+        "action",
+        "run_id",
+        "thread_id",
+        "agent_id",
+        "resource_id",
+        "tool_call_id",
+        "reason",
+        "created_at",
+        *_au_json,
+    )
+    date_hierarchy = "created_at"
+    locals().update(_au_methods)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # the audit log is append-only
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(ReadOnlyAdmin):
+    list_display = ("name", "prefix", "resource_id", "created_at", "last_used_at", "revoked_at")
+    list_filter = ("revoked_at", "created_at")
+    search_fields = ("name", "prefix", "resource_id")
+    exclude = ("key_hash",)
+    readonly_fields = ("name", "prefix", "resource_id", "created_at", "last_used_at", "revoked_at")
+    actions = ["revoke"]
+
+    @admin.action(description="Revoke selected keys")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        for key in queryset:
+            services.api_key_revoke(key=key)
+        self.message_user(request, f"Revoked {queryset.count()} key(s).", messages.SUCCESS)

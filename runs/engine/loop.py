@@ -1,0 +1,413 @@
+"""The step loop: latest checkpoint → model → tool calls → checkpoint, until done or suspended.
+
+Every write goes through runs/services.py under the run's lease (fenced). Tool results already
+recorded are reused, never re-executed; the model's decision for a step is stored in the
+checkpoint (its pending tool calls), so a retried or resumed run never asks the model twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from runs import services
+from runs.engine.agent import Agent
+from runs.engine.context import (
+    NonRetryableError,
+    RunControl,
+    SubAgentSuspended,
+    SuspendRequested,
+    ToolContext,
+)
+from runs.engine.model import FinalAnswer, ModelInput, ToolCalls, ToolResult
+from runs.engine.registry import get_agent
+from runs.models import Checkpoint, Run, RunStatus, ToolCall, ToolCallStatus
+
+logger = logging.getLogger("runs.engine")
+
+RESOLVED = (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED, ToolCallStatus.DECLINED)
+
+
+@dataclass
+class Finished:
+    output: Any
+    values: dict[str, Any]
+
+
+@dataclass
+class Suspended:
+    plans: list[services.SuspendPlan]
+    values: dict[str, Any]
+
+
+def _user_message(value: Any) -> dict[str, Any]:
+    return {"role": "user", "content": value}
+
+
+def _declined_result(tc: ToolCall) -> dict[str, Any]:
+    return {"declined": True, "reason": tc.decision_reason or services.DEFAULT_DECLINE_TEXT}
+
+
+def _error_of(exc: BaseException) -> dict[str, str]:
+    return {"error": type(exc).__name__, "message": str(exc)[:2000]}
+
+
+class StepLoop:
+    def __init__(
+        self, *, run: Run, lease: services.Lease, control: RunControl, agent: Agent | None = None
+    ):
+        self.run = run
+        self.lease = lease
+        self.control = control
+        self.agent = agent or get_agent(run.agent_id)
+
+    # -- state --------------------------------------------------------------------------------
+
+    def _load(self) -> tuple[Checkpoint, dict[str, ToolCall]]:
+        checkpoint = Checkpoint.objects.filter(run_id=self.run.id).order_by("-step").first()
+        calls = {tc.tool_call_id: tc for tc in ToolCall.objects.filter(run_id=self.run.id)}
+        if checkpoint is not None:
+            return checkpoint, calls
+        base = None
+        if self.run.thread_id is not None:
+            base = (
+                Checkpoint.objects.filter(thread_id=self.run.thread_id)
+                .order_by("-created_at", "-id")
+                .first()
+            )
+        values = dict(base.values) if base else {}
+        values["messages"] = [*values.get("messages", []), _user_message(self.run.input)]
+        values["output"] = None
+        checkpoint, _ = self._save_step(
+            lease=self.lease,
+            thread_id=self.run.thread_id,
+            step=0,
+            values=values,
+            pending=[],
+            parent_checkpoint_id=base.id if base else None,
+        )
+        return checkpoint, calls
+
+    def _results(self, calls: dict[str, ToolCall]) -> list[ToolResult]:
+        out = []
+        for tc in sorted(calls.values(), key=lambda c: (c.step, c.created_at, c.tool_call_id)):
+            if tc.status not in RESOLVED:
+                continue
+            declined = tc.status == ToolCallStatus.DECLINED
+            out.append(
+                ToolResult(
+                    tool_call_id=tc.tool_call_id,
+                    name=tc.tool_name,
+                    args=tc.args,
+                    result=_declined_result(tc) if declined else tc.result,
+                    declined=declined,
+                    reason=tc.decision_reason if declined else "",
+                )
+            )
+        return out
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run_until_stop(self) -> Finished | Suspended:
+        checkpoint, calls = self._load()
+        decisions = sum(1 for _ in {c.step for c in calls.values()})
+        while True:
+            self.control.check()
+            if checkpoint.pending:
+                outcome = self._run_tools(checkpoint, calls)
+                if outcome is not None:
+                    return Suspended(plans=outcome, values=checkpoint.values)
+                values = dict(checkpoint.values)
+                tool_messages = []
+                for tcid in checkpoint.pending:
+                    tc = calls[tcid]
+                    content = (
+                        _declined_result(tc) if tc.status == ToolCallStatus.DECLINED else tc.result
+                    )
+                    tool_messages.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": tcid,
+                            "name": tc.tool_name,
+                            "content": content,
+                        }
+                    )
+                values["messages"] = [*values.get("messages", []), *tool_messages]
+                checkpoint, _ = self._save_step(
+                    lease=self.lease,
+                    thread_id=self.run.thread_id,
+                    step=checkpoint.step + 1,
+                    values=values,
+                    pending=[],
+                    parent_checkpoint_id=checkpoint.id,
+                    events=[
+                        (
+                            "update",
+                            {"node": "tools", "update": {"messages": tool_messages}},
+                            "system",
+                        )
+                    ],
+                )
+                continue
+
+            if decisions >= self.agent.max_steps:
+                raise NonRetryableError(
+                    f"agent {self.agent.id} made {decisions} decisions without finishing "
+                    f"(max_steps={self.agent.max_steps})"
+                )
+            state = ModelInput(
+                agent_id=self.agent.id,
+                input=self.run.input,
+                messages=checkpoint.values.get("messages", []),
+                step=checkpoint.step,
+                results=self._results(calls),
+            )
+            decision = self.agent.model.decide(state, self.agent.tools)
+            decisions += 1
+            self.control.check()  # a cancel that arrived during the model call wins
+            values = dict(checkpoint.values)
+            if isinstance(decision, FinalAnswer):
+                message = {"role": "assistant", "content": decision.content or decision.output}
+                values["messages"] = [*values.get("messages", []), message]
+                values["output"] = decision.output
+                self._save_step(
+                    lease=self.lease,
+                    thread_id=self.run.thread_id,
+                    step=checkpoint.step + 1,
+                    values=values,
+                    pending=[],
+                    parent_checkpoint_id=checkpoint.id,
+                    events=[
+                        (
+                            "update",
+                            {
+                                "node": "agent",
+                                "update": {"messages": [message], "output": decision.output},
+                            },
+                            "system",
+                        )
+                    ],
+                )
+                return Finished(output=decision.output, values=values)
+            if not isinstance(decision, ToolCalls) or not decision.calls:
+                raise NonRetryableError(f"model of agent {self.agent.id} returned {decision!r}")
+            step = checkpoint.step + 1
+            new_calls = []
+            for call in decision.calls:
+                tcid = call.id or f"call_{secrets.token_hex(8)}"
+                while tcid in calls or any(n["tool_call_id"] == tcid for n in new_calls):
+                    tcid = f"call_{secrets.token_hex(8)}"
+                new_calls.append(
+                    {
+                        "tool_call_id": tcid,
+                        "tool_name": call.name,
+                        "args": call.args,
+                        "status": ToolCallStatus.PROPOSED,
+                    }
+                )
+            message = {
+                "role": "assistant",
+                "content": decision.content,
+                "tool_calls": [
+                    {"id": n["tool_call_id"], "name": n["tool_name"], "args": n["args"]}
+                    for n in new_calls
+                ],
+            }
+            values["messages"] = [*values.get("messages", []), message]
+            checkpoint, _ = self._save_step(
+                lease=self.lease,
+                thread_id=self.run.thread_id,
+                step=step,
+                values=values,
+                pending=[n["tool_call_id"] for n in new_calls],
+                parent_checkpoint_id=checkpoint.id,
+                new_tool_calls=new_calls,
+                events=[
+                    ("update", {"node": "agent", "update": {"messages": [message]}}, "system"),
+                    *[
+                        (
+                            "tool_call",
+                            {
+                                "tool_call_id": n["tool_call_id"],
+                                "tool_name": n["tool_name"],
+                                "args": n["args"],
+                            },
+                            "system",
+                        )
+                        for n in new_calls
+                    ],
+                ],
+            )
+            calls.update(
+                {
+                    tc.tool_call_id: tc
+                    for tc in ToolCall.objects.filter(run_id=self.run.id, step=step)
+                }
+            )
+
+    def _run_tools(
+        self, checkpoint: Checkpoint, calls: dict[str, ToolCall]
+    ) -> list[services.SuspendPlan] | None:
+        """Execute this step's tool calls. Returns suspend plans when any call must wait."""
+        waiting: list[dict[str, Any]] = []
+        inner_plans: list[services.SuspendPlan] = []
+        for tcid in checkpoint.pending:
+            tc = calls[tcid]
+            if tc.status in RESOLVED:
+                continue  # recorded before a crash or a suspension: reuse, never re-execute
+            if tc.status in (ToolCallStatus.AWAITING_APPROVAL, ToolCallStatus.AWAITING_INPUT):
+                waiting.append(self._waiting_entry(tc, tc.status))
+                continue
+            tool = self.agent.get_tool(tc.tool_name)
+            if tool is None:
+                self._record(tc, ToolCallStatus.FAILED, {"error": f"unknown tool {tc.tool_name!r}"})
+                continue
+            if tc.status == ToolCallStatus.PROPOSED:
+                errors = tool.argument_errors(tc.args)
+                if errors:
+                    self._record(
+                        tc, ToolCallStatus.FAILED, {"error": "invalid arguments", "details": errors}
+                    )
+                    continue
+                if tool.needs_approval(tc.args):
+                    waiting.append(
+                        self._waiting_entry(
+                            tc, ToolCallStatus.AWAITING_APPROVAL, requires_approval=True
+                        )
+                    )
+                    continue
+            self.control.check()  # stop before any tool call
+            self._fenced(
+                services.tool_call_update(
+                    lease=self.lease, tool_call=tc, status=ToolCallStatus.RUNNING
+                )
+            )
+            ctx = ToolContext(
+                run_id=self.run.id,
+                tool_call_id=tc.tool_call_id,
+                agent_id=self.agent.id,
+                attempt=self.lease.attempt,
+                resume_data=tc.resume_data,
+                control=self.control,
+                executor=self,
+            )
+            try:
+                result = tool.run(ctx, tc.args)
+            except SuspendRequested as s:
+                entry = self._waiting_entry(tc, ToolCallStatus.AWAITING_INPUT)
+                entry["suspend_payload"] = s.payload
+                entry["resume_schema"] = s.resume_schema
+                waiting.append(entry)
+                continue
+            except SubAgentSuspended as s:
+                inner_plans.extend(s.plans)
+                waiting.append(self._delegation_entry(tc, s))
+                continue
+            self._record(tc, ToolCallStatus.SUCCEEDED, result)
+        if waiting:
+            return [*inner_plans, services.SuspendPlan(lease=self.lease, waiting=waiting)]
+        return None
+
+    def _save_step(self, **kwargs: Any) -> tuple[Checkpoint, services.FenceResult]:
+        checkpoint, fence = services.run_save_step(**kwargs)
+        self._fenced(fence)
+        return checkpoint, fence
+
+    def _fenced(self, fence: services.FenceResult) -> None:
+        # Every fenced write also reads the run's cancel request: no NOTIFY needed to see it.
+        if fence.cancel_action:
+            self.control.request_cancel()
+
+    def _record(self, tc: ToolCall, status: str, result: Any) -> None:
+        services.tool_call_update(
+            lease=self.lease,
+            tool_call=tc,
+            status=status,
+            result=result,
+            event=(
+                "tool_result",
+                {
+                    "tool_call_id": tc.tool_call_id,
+                    "tool_name": tc.tool_name,
+                    "status": status,
+                    "result": result,
+                },
+                "system",
+            ),
+        )
+
+    def _waiting_entry(
+        self, tc: ToolCall, status: str, requires_approval: bool | None = None
+    ) -> dict[str, Any]:
+        return {
+            "tool_call_id": tc.tool_call_id,
+            "tool_name": tc.tool_name,
+            "args": tc.args,
+            "status": status,
+            "requires_approval": tc.requires_approval
+            if requires_approval is None
+            else requires_approval,
+            "suspend_payload": tc.suspend_payload,
+            "resume_schema": tc.resume_schema,
+        }
+
+    def _delegation_entry(self, tc: ToolCall, s: SubAgentSuspended) -> dict[str, Any]:
+        child_waiting = s.plans[-1].waiting  # the direct child's plan is the last of its list
+        approval = any(w["status"] == ToolCallStatus.AWAITING_APPROVAL for w in child_waiting)
+        inputs = [w for w in child_waiting if w["status"] == ToolCallStatus.AWAITING_INPUT]
+        return {
+            "tool_call_id": tc.tool_call_id,
+            "tool_name": tc.tool_name,
+            "args": tc.args,
+            "status": ToolCallStatus.AWAITING_APPROVAL
+            if approval
+            else ToolCallStatus.AWAITING_INPUT,
+            "requires_approval": approval,
+            "suspend_payload": {
+                "agent_id": s.agent_id,
+                "run_id": str(s.child_run_id),
+                "tool_calls": [
+                    {
+                        k: w.get(k)
+                        for k in ("tool_call_id", "tool_name", "args", "status", "suspend_payload")
+                    }
+                    for w in child_waiting
+                ],
+            },
+            "resume_schema": inputs[0]["resume_schema"]
+            if (inputs and not approval and len(inputs) == 1)
+            else None,
+        }
+
+    # -- called through ToolContext -----------------------------------------------------------
+
+    def emit(self, data: dict[str, Any]) -> None:
+        services.run_emit(lease=self.lease, kind="custom", data=data)
+
+    def delegate(self, ctx: ToolContext, agent_id: str, input: Any) -> Any:
+        tc = ToolCall.objects.get(run_id=self.run.id, tool_call_id=ctx.tool_call_id)
+        child_lease = services.run_create_child(
+            lease=self.lease, tool_call=tc, agent_id=agent_id, input=input
+        )
+        child = Run.objects.get(id=child_lease.run_id)
+        if child.status == RunStatus.SUCCESS:
+            return child.output
+        if child.status != RunStatus.RUNNING:
+            raise NonRetryableError(f"sub-agent run {child.id} ended {child.status}")
+        loop = StepLoop(run=child, lease=child_lease, control=self.control)
+        outcome = loop.run_until_stop()
+        if isinstance(outcome, Suspended):
+            raise SubAgentSuspended(outcome.plans, child.id, agent_id)
+        services.run_finish(
+            lease=child_lease,
+            status=RunStatus.SUCCESS,
+            output=outcome.output,
+            values=outcome.values,
+        )
+        return outcome.output
+
+
+def error_of(exc: BaseException) -> dict[str, str]:
+    return _error_of(exc)

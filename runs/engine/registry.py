@@ -1,0 +1,57 @@
+"""The registered agents, loaded once from settings.RUNS_AGENTS (dotted paths)."""
+
+from __future__ import annotations
+
+import threading
+from functools import cache
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from runs.engine.agent import Agent, flatten_agents
+from runs.exceptions import NotFound
+
+_lock = threading.Lock()
+_extra: dict[str, Agent] = {}
+
+
+@cache
+def _configured() -> dict[str, Agent]:
+    agents: dict[str, Agent] = {}
+    for path in settings.RUNS_AGENTS:
+        try:
+            obj = import_string(path)
+        except ImportError as exc:
+            raise ImproperlyConfigured(f"RUNS_AGENTS: cannot import {path!r}: {exc}") from exc
+        for agent in flatten_agents(obj):
+            if agent.id in agents and agents[agent.id] is not agent:
+                raise ImproperlyConfigured(f"RUNS_AGENTS: agent id {agent.id!r} is defined twice")
+            agents[agent.id] = agent
+    return agents
+
+
+def all_agents() -> dict[str, Agent]:
+    return {**_configured(), **_extra}
+
+
+def get_agent(agent_id: str) -> Agent:
+    agent = all_agents().get(agent_id)
+    if agent is None:
+        known = ", ".join(sorted(all_agents())) or "none"
+        raise NotFound(
+            f"Agent {agent_id!r} not found (registered: {known})", code="agent_not_found"
+        )
+    return agent
+
+
+def register(agent: Agent) -> Agent:
+    """Add an agent at run time (tests, plugins). Replaces one with the same id."""
+    with _lock:
+        _extra[agent.id] = agent
+    return agent
+
+
+def unregister(agent_id: str) -> None:
+    with _lock:
+        _extra.pop(agent_id, None)

@@ -1,0 +1,343 @@
+"""The worker: claims runs, executes them in threads, holds leases, reaps, cancels fast.
+
+One process = one Worker: a main loop (claim, heartbeat, reaper, deadlines), a LISTEN thread
+on PostgreSQL (wake-ups and cancel requests arrive as NOTIFY), and a pool of executor threads
+that each run one step loop. `python manage.py runagents` starts it; the embedded mode (SQLite
+default) starts the same Worker inside the server process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+from django.utils import timezone
+
+from runs import services
+from runs.engine import wakeup
+from runs.engine.context import NonRetryableError, RunControl, RunStopped
+from runs.engine.loop import Finished, StepLoop, error_of
+from runs.engine.registry import get_agent
+from runs.exceptions import LeaseLost, NotFound
+from runs.models import RunStatus
+
+logger = logging.getLogger("runs.worker")
+
+
+def new_owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+@dataclass
+class _Active:
+    lease: services.Lease
+    control: RunControl
+    future: Future | None = None
+
+
+def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
+    """Run one claimed run until it finishes, suspends, is cancelled or loses its lease.
+
+    Returns the outcome (a RunStatus value, "released", "lost" or "deleted").
+    """
+    run, lease = claimed.run, claimed.lease
+    started = time.monotonic()
+    try:
+        try:
+            agent = get_agent(run.agent_id)
+        except NotFound as exc:
+            raise NonRetryableError(exc.detail) from None
+        limit = agent.time_limit or settings.RUNS_DEFAULT_TIME_LIMIT
+        control.deadline = time.monotonic() + limit
+        # The row's deadline (with grace) lets the reaper time out a run whose tool ignores
+        # cancellation while the worker keeps heartbeating.
+        services.run_set_deadline(
+            lease=lease, deadline=timezone.now() + timedelta(seconds=limit + 5)
+        )
+        logger.info("claim run=%s agent=%s attempt=%s", run.id, run.agent_id, lease.attempt)
+        outcome = StepLoop(run=run, lease=lease, control=control, agent=agent).run_until_stop()
+        if isinstance(outcome, Finished):
+            services.run_finish(
+                lease=lease, status=RunStatus.SUCCESS, output=outcome.output, values=outcome.values
+            )
+            return RunStatus.SUCCESS
+        services.run_suspend(plans=outcome.plans, values=outcome.values)
+        return RunStatus.SUSPENDED
+    except RunStopped as stop:
+        return _stopped(lease, stop.reason, control)
+    except LeaseLost:
+        logger.warning(
+            "lease lost run=%s attempt=%s; stopping without writing", run.id, lease.attempt
+        )
+        return "lost"
+    except NonRetryableError as exc:
+        error = error_of(exc)
+        return _safely(
+            lambda: services.run_finish(lease=lease, status=RunStatus.ERROR, error=error).status
+        )
+    except Exception as exc:
+        logger.warning(
+            "run=%s attempt=%s raised %s: %s", run.id, lease.attempt, type(exc).__name__, exc
+        )
+        error = error_of(exc)
+        return _safely(lambda: services.run_fail_attempt(lease=lease, error=error).status)
+    finally:
+        logger.debug("run=%s done in %.3fs", run.id, time.monotonic() - started)
+        close_old_connections()
+
+
+def _safely(fn: Any) -> str:
+    try:
+        return fn()
+    except LeaseLost:
+        return "lost"
+
+
+def _stopped(lease: services.Lease, reason: str, control: RunControl) -> str:
+    if reason == "lost":
+        return "lost"
+    if reason == "release":
+        return "released" if _safely(lambda: services.run_release(lease=lease)) else "lost"
+    if reason == "timeout":
+        error = {"error": "TimeoutError", "message": "run exceeded its time limit"}
+        return _safely(
+            lambda: services.run_finish(lease=lease, status=RunStatus.TIMEOUT, error=error).status
+        )
+
+    # cancel
+    def ack() -> str:
+        run = services.run_acknowledge_cancel(lease=lease)
+        return run.status if run is not None else "deleted"
+
+    return _safely(ack)
+
+
+class Worker:
+    def __init__(
+        self,
+        *,
+        concurrency: int | None = None,
+        owner: str | None = None,
+        poll_seconds: float | None = None,
+        heartbeat_seconds: float | None = None,
+        reaper_seconds: float | None = None,
+        listen: bool | None = None,
+    ):
+        self.concurrency = concurrency or settings.RUNS_WORKER_CONCURRENCY
+        self.owner = owner or new_owner_id()
+        self.poll_seconds = poll_seconds or settings.RUNS_POLL_SECONDS
+        self.heartbeat_seconds = heartbeat_seconds or settings.RUNS_HEARTBEAT_SECONDS
+        self.reaper_seconds = reaper_seconds or settings.RUNS_REAPER_SECONDS
+        self.listen = settings.RUNS_NOTIFY if listen is None else listen
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._active: dict[UUID, _Active] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(
+            max_workers=self.concurrency, thread_name_prefix="runsite-run"
+        )
+        self._listener: threading.Thread | None = None
+        self.claimed_total = 0
+
+    # -- signals from outside -----------------------------------------------------------------
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def cancel_requested(self, run_ids: list[str]) -> None:
+        with self._lock:
+            for rid in run_ids:
+                try:
+                    active = self._active.get(UUID(rid))
+                except ValueError:
+                    continue
+                if active is not None:
+                    active.control.request_cancel()
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight runs stop at their next boundary and are released."""
+        self._stopping.set()
+        self._wake.set()
+
+    # -- main loop ----------------------------------------------------------------------------
+
+    def run_forever(self) -> None:
+        wakeup.register(self)
+        if self.listen and connection.vendor == "postgresql":
+            self._listener = threading.Thread(
+                target=self._listen_loop, name="runsite-listen", daemon=True
+            )
+            self._listener.start()
+        logger.info("worker %s started (concurrency %d)", self.owner, self.concurrency)
+        next_heartbeat = time.monotonic() + self.heartbeat_seconds
+        next_reap = time.monotonic()
+        try:
+            while not self._stopping.is_set():
+                self._wake.clear()
+                now = time.monotonic()
+                try:
+                    if now >= next_reap:
+                        services.runs_reap()
+                        next_reap = now + self.reaper_seconds
+                    if now >= next_heartbeat:
+                        self._heartbeat()
+                        next_heartbeat = now + self.heartbeat_seconds
+                    self._watch_deadlines()
+                    got = self._claim()
+                except Exception:
+                    logger.exception("worker loop error; retrying shortly")
+                    close_old_connections()
+                    got = 0
+                    self._stopping.wait(1.0)
+                if got:
+                    continue  # there may be more queued work: claim again before sleeping
+                timeout = min(self.poll_seconds, max(0.0, next_heartbeat - time.monotonic()))
+                self._wake.wait(timeout)
+        finally:
+            self._shutdown()
+
+    def _free_slots(self) -> int:
+        with self._lock:
+            return self.concurrency - len(self._active)
+
+    def _claim(self) -> int:
+        free = self._free_slots()
+        if free <= 0:
+            return 0
+        claimed = services.run_claim(owner=self.owner, limit=free)
+        for c in claimed:
+            control = RunControl()
+            active = _Active(lease=c.lease, control=control)
+            with self._lock:
+                self._active[c.lease.run_id] = active
+            active.future = self._pool.submit(self._execute, c, control)
+        self.claimed_total += len(claimed)
+        return len(claimed)
+
+    def _execute(self, claimed: services.ClaimedRun, control: RunControl) -> str:
+        try:
+            return execute_claimed(claimed, control)
+        finally:
+            with self._lock:
+                self._active.pop(claimed.lease.run_id, None)
+            self._wake.set()  # a slot is free
+
+    def _heartbeat(self) -> None:
+        with self._lock:
+            held = {rid: a for rid, a in self._active.items()}
+        if not held:
+            return
+        alive = services.run_heartbeat(owner=self.owner, run_ids=list(held))
+        for rid, active in held.items():
+            if rid not in alive:
+                # Reaped, rolled back or deleted while we ran it: stop without writing.
+                active.control.mark_lost()
+            elif alive[rid] is not None:
+                active.control.request_cancel()  # the NOTIFY was lost; the heartbeat saw it
+
+    def _watch_deadlines(self) -> None:
+        with self._lock:
+            actives = list(self._active.values())
+        for a in actives:
+            if a.control.timed_out():
+                a.control.wake.set()
+
+    def _listen_loop(self) -> None:
+        import psycopg
+
+        params = connection.settings_dict
+        conninfo = {
+            "dbname": params["NAME"],
+            "user": params.get("USER") or None,
+            "password": params.get("PASSWORD") or None,
+            "host": params.get("HOST") or None,
+            "port": params.get("PORT") or None,
+            "connect_timeout": 5,
+        }
+        conninfo = {k: v for k, v in conninfo.items() if v is not None}
+        backoff = 0.1
+        while not self._stopping.is_set():
+            try:
+                with psycopg.connect(autocommit=True, **conninfo) as conn:
+                    conn.execute(f"LISTEN {services.QUEUE_CHANNEL}")
+                    conn.execute(f"LISTEN {services.CANCEL_CHANNEL}")
+                    backoff = 0.1
+                    self._wake.set()  # anything queued while we were not listening
+                    while not self._stopping.is_set():
+                        for note in conn.notifies(timeout=1.0):
+                            if note.channel == services.CANCEL_CHANNEL:
+                                self.cancel_requested(note.payload.split(","))
+                            else:
+                                self._wake.set()
+            except Exception as exc:
+                if self._stopping.is_set():
+                    break
+                logger.warning("LISTEN connection lost (%s); reconnecting", exc)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _shutdown(self) -> None:
+        wakeup.unregister(self)
+        with self._lock:
+            actives = list(self._active.values())
+        for a in actives:
+            a.control.request_release()
+        deadline = time.monotonic() + settings.RUNS_SHUTDOWN_GRACE_SECONDS
+        for a in actives:
+            if a.future is not None:
+                # A timeout falls through to the forced release below.
+                with contextlib.suppress(Exception):
+                    a.future.result(timeout=max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            leftovers = list(self._active.values())
+        for a in leftovers:
+            # Still inside a tool past the grace period: give the run back anyway; the fence
+            # rejects whatever that thread tries to write later.
+            try:
+                services.run_release(lease=a.lease)
+            except Exception:
+                logger.warning("could not release run %s", a.lease.run_id, exc_info=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        close_old_connections()
+        logger.info("worker %s stopped", self.owner)
+        self._stopped.set()
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+
+def drain(*, owner: str | None = None, max_runs: int = 10_000, timeout: float = 60.0) -> int:
+    """Execute queued runs in this thread until none is runnable (tests, seed_demo)."""
+    owner = owner or new_owner_id()
+    done = 0
+    end = time.monotonic() + timeout
+    while done < max_runs and time.monotonic() < end:
+        claimed = services.run_claim(owner=owner, limit=1)
+        if not claimed:
+            break
+        execute_claimed(claimed[0], RunControl())
+        done += 1
+    return done
+
+
+def start_embedded_worker(**kwargs: Any) -> Worker:
+    """Start a Worker on a daemon thread inside this process (server embedded mode)."""
+    worker = Worker(**kwargs)
+    thread = threading.Thread(
+        target=worker.run_forever, name="runsite-embedded-worker", daemon=True
+    )
+    thread.start()
+    return worker

@@ -1,0 +1,57 @@
+"""Domain errors. Each edge maps them once: HTTP status + {"detail", "code"}, or a flash message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RunsError(Exception):
+    status_code = 400
+    code = "bad_request"
+
+    def __init__(
+        self, detail: str, *, code: str | None = None, extra: dict[str, Any] | None = None
+    ):
+        super().__init__(detail)
+        self.detail = detail
+        if code:
+            self.code = code
+        self.extra = extra or {}
+
+
+class NotFound(RunsError):
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(RunsError):
+    """The object is in a state that does not allow the operation; nothing was changed."""
+
+    status_code = 409
+    code = "conflict"
+
+
+class AlreadyDecided(Conflict):
+    code = "already_decided"
+
+
+class ValidationFailed(RunsError):
+    """Input was wrong. `errors` lists what, by field; nothing was changed."""
+
+    status_code = 422
+    code = "validation_error"
+
+    def __init__(
+        self, detail: str, *, errors: list[dict[str, Any]] | None = None, code: str | None = None
+    ):
+        super().__init__(detail, code=code, extra={"errors": errors or []})
+        self.errors = errors or []
+
+
+class PermissionDenied(RunsError):
+    status_code = 403
+    code = "permission_denied"
+
+
+class LeaseLost(Exception):
+    """A worker tried to write to a run it no longer owns (fencing). Never shown to users."""

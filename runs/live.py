@@ -1,0 +1,135 @@
+"""Publishing committed run changes to websocket groups (`runs`, `run.<id>`, `thread.<id>`).
+
+Services call `run_changed_on_commit()`; the message leaves only once the change is durable.
+Publishing never raises into a state change: the database is the truth and every message carries
+the run's event sequence number, so a client that missed one re-syncs from the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+RUNS_GROUP = "runs"
+
+
+def run_group(run_id: Any) -> str:
+    return f"run.{run_id}"
+
+
+def thread_group(thread_id: Any) -> str:
+    return f"thread.{thread_id}"
+
+
+@dataclass(frozen=True)
+class RunChange:
+    run_id: str
+    thread_id: str | None
+    agent_id: str
+    status: str  # a RunStatus value, or "deleted" after a rollback
+    seq: int
+    parent_run_id: str | None = None
+    kind: str = "changed"
+
+    def message(self) -> dict[str, Any]:
+        return {"type": "run.changed", **asdict(self), "published_at": time.time()}
+
+    def groups(self) -> list[str]:
+        groups = [RUNS_GROUP, run_group(self.run_id)]
+        if self.thread_id:
+            groups.append(thread_group(self.thread_id))
+        if self.parent_run_id:
+            groups.append(run_group(self.parent_run_id))
+        return groups
+
+
+# The event loop of the ASGI server in this process, when there is one. The in-memory channel
+# layer is bound to it, so sends from worker threads must be scheduled there.
+_server_loop: asyncio.AbstractEventLoop | None = None
+
+
+def bind_server_loop(loop: asyncio.AbstractEventLoop) -> None:
+    global _server_loop
+    _server_loop = loop
+
+
+class _Publisher:
+    """A background thread with its own event loop for processes without an ASGI server."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[RunChange | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, change: RunChange) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._main, name="runsite-publisher", daemon=True
+                )
+                self._thread.start()
+        self._queue.put(change)
+
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        while True:
+            change = self._queue.get()
+            if change is None:
+                break
+            loop.run_until_complete(_send(change))
+
+    def flush(self, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._queue.empty() and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+
+_publisher = _Publisher()
+
+
+async def _send(change: RunChange) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    message = change.message()
+    for group in change.groups():
+        try:
+            await layer.group_send(group, message)
+        except Exception:
+            logger.warning("live: publishing %s to %s failed", change.run_id, group, exc_info=True)
+
+
+def publish(change: RunChange) -> None:
+    loop = _server_loop
+    if loop is not None and loop.is_running():
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            loop.create_task(_send(change))
+        else:
+            asyncio.run_coroutine_threadsafe(_send(change), loop)
+        return
+    _publisher.submit(change)
+
+
+def run_changed_on_commit(change: RunChange) -> None:
+    """Publish `change` after the current transaction commits (at once outside one)."""
+    transaction.on_commit(lambda: publish(change), robust=True)
+
+
+def flush(timeout: float = 5.0) -> None:
+    """Wait until queued publishes from this process have been handed to the channel layer."""
+    _publisher.flush(timeout)

@@ -1,0 +1,44 @@
+"""python manage.py runagents [--concurrency N]: the worker process."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+
+from runs.engine.worker import Worker
+
+
+class Command(BaseCommand):
+    help = "Run agent runs from the queue (claims, heartbeats, reaps; SIGTERM stops gracefully)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=settings.RUNS_WORKER_CONCURRENCY,
+            help="runs executed at once by this process",
+        )
+        parser.add_argument(
+            "--owner", default=None, help="lease owner id (default host:pid:random)"
+        )
+
+    def handle(self, *args: Any, concurrency: int, owner: str | None, **options: Any) -> None:
+        if concurrency < 1:
+            self.stderr.write("--concurrency must be at least 1")
+            raise SystemExit(2)
+        worker = Worker(concurrency=concurrency, owner=owner)
+
+        def stop(signum: int, frame: Any) -> None:
+            self.stdout.write(f"signal {signum}: stopping (finishing steps, releasing leases)")
+            worker.stop()
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, stop)
+            signal.signal(signal.SIGINT, stop)
+        self.stdout.write(f"worker {worker.owner} running with concurrency {concurrency}")
+        self.stdout.flush()
+        worker.run_forever()

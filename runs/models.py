@@ -1,0 +1,330 @@
+"""Runsite's data: threads, runs, checkpoints (snapshots), tool calls, events, audit, API keys.
+
+Models hold data and invariants only. Every state change goes through runs/services.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import ClassVar
+
+from django.db import models
+from django.db.models import Q
+
+from runs.ids import uuid7
+
+
+class ThreadStatus(models.TextChoices):
+    IDLE = "idle"
+    BUSY = "busy"
+    INTERRUPTED = "interrupted"  # a run on it is suspended, waiting for a human
+    ERROR = "error"
+
+
+class RunStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    SUCCESS = "success"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    INTERRUPTED = "interrupted"  # cancelled with action=interrupt; never "waiting for a human"
+
+
+ACTIVE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED)
+TERMINAL_STATUSES = (
+    RunStatus.SUCCESS,
+    RunStatus.ERROR,
+    RunStatus.TIMEOUT,
+    RunStatus.INTERRUPTED,
+)
+
+
+class MultitaskStrategy(models.TextChoices):
+    ENQUEUE = "enqueue"
+    REJECT = "reject"
+    INTERRUPT = "interrupt"
+    ROLLBACK = "rollback"
+
+
+class CancelAction(models.TextChoices):
+    INTERRUPT = "interrupt"
+    ROLLBACK = "rollback"
+
+
+class ToolCallStatus(models.TextChoices):
+    PROPOSED = "proposed"  # the model asked for it; not looked at yet
+    AWAITING_APPROVAL = "awaiting_approval"
+    APPROVED = "approved"
+    DECLINED = "declined"
+    AWAITING_INPUT = "awaiting_input"  # the tool called ctx.suspend()
+    ANSWERED = "answered"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+PENDING_DECISION_STATUSES = (ToolCallStatus.AWAITING_APPROVAL, ToolCallStatus.AWAITING_INPUT)
+
+
+class Thread(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    resource_id = models.CharField(max_length=255, null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    status = models.CharField(
+        max_length=16, choices=ThreadStatus.choices, default=ThreadStatus.IDLE
+    )
+    values = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes: ClassVar = [
+            models.Index(fields=["-created_at"], name="thread_created_idx"),
+            models.Index(fields=["resource_id", "-created_at"], name="thread_resource_idx"),
+            models.Index(fields=["status"], name="thread_status_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+
+class Run(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    thread = models.ForeignKey(
+        Thread, null=True, blank=True, on_delete=models.CASCADE, related_name="runs"
+    )
+    agent_id = models.CharField(max_length=128)
+    parent_run = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="child_runs"
+    )
+    # Copied from the thread at creation so every filter on it needs no join.
+    resource_id = models.CharField(max_length=255, null=True, blank=True)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
+    input = models.JSONField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)  # {"error": class name, "message": text}
+    metadata = models.JSONField(default=dict, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)  # stream_mode, command, config...
+    multitask_strategy = models.CharField(
+        max_length=16, choices=MultitaskStrategy.choices, default=MultitaskStrategy.ENQUEUE
+    )
+    attempt = models.PositiveIntegerField(default=0)
+    lease_owner = models.CharField(max_length=128, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    deadline_at = models.DateTimeField(null=True, blank=True)  # time limit of this attempt
+    not_before = models.DateTimeField(null=True, blank=True)  # after_seconds
+    cancel_action = models.CharField(
+        max_length=16, choices=CancelAction.choices, null=True, blank=True
+    )
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_reason = models.TextField(blank=True, default="")
+    last_seq = models.PositiveIntegerField(default=0)  # last RunEvent.seq handed out
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    suspended_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        permissions: ClassVar = [
+            ("review_run", "Can approve, decline, edit and answer suspended runs"),
+            ("cancel_run", "Can cancel (interrupt) and roll back runs"),
+        ]
+        indexes: ClassVar = [
+            # The queue: pending top-level runs, oldest first (claim query).
+            models.Index(
+                fields=["created_at", "id"],
+                condition=Q(status="pending"),
+                name="run_queue_idx",
+            ),
+            # Suspended-run listing per agent, newest suspension first (selectors).
+            models.Index(
+                fields=["agent_id", "-suspended_at", "-id"],
+                condition=Q(status="suspended"),
+                name="run_suspended_idx",
+            ),
+            models.Index(fields=["thread", "-created_at"], name="run_thread_created_idx"),
+            models.Index(fields=["status", "-created_at"], name="run_status_created_idx"),
+            models.Index(fields=["agent_id", "-created_at"], name="run_agent_created_idx"),
+            models.Index(fields=["resource_id", "-created_at"], name="run_resource_created_idx"),
+            models.Index(fields=["-created_at", "-id"], name="run_created_idx"),
+            # Reaper: running runs by lease expiry.
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(status="running"),
+                name="run_lease_idx",
+            ),
+        ]
+        constraints: ClassVar = [
+            # Runs on one thread execute one at a time: a second claim on the same thread
+            # fails here even if two workers raced past the NOT EXISTS check.
+            models.UniqueConstraint(
+                fields=["thread"],
+                condition=Q(status="running"),
+                name="one_running_run_per_thread",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_id} {self.id} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class Checkpoint(models.Model):
+    """A snapshot of a run's state after one step. Thread state = its latest checkpoint."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    thread = models.ForeignKey(
+        Thread, null=True, blank=True, on_delete=models.CASCADE, related_name="checkpoints"
+    )
+    # Null for a checkpoint written by hand (POST /threads/{id}/state), not by a run.
+    run = models.ForeignKey(
+        Run, null=True, blank=True, on_delete=models.CASCADE, related_name="checkpoints"
+    )
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    step = models.PositiveIntegerField()
+    values = models.JSONField(default=dict)
+    # tool_call_ids proposed in this step and not resolved yet (the run's pending work)
+    pending = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints: ClassVar = [
+            # A step is written once: a worker that lost its lease cannot add a duplicate.
+            models.UniqueConstraint(fields=["run", "step"], name="one_checkpoint_per_step"),
+        ]
+        indexes: ClassVar = [
+            models.Index(fields=["thread", "-created_at"], name="checkpoint_thread_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"checkpoint {self.step} of {self.run_id}"
+
+
+class ToolCall(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls")
+    tool_call_id = models.CharField(max_length=128)
+    step = models.PositiveIntegerField(default=0)
+    tool_name = models.CharField(max_length=128)
+    args = models.JSONField(default=dict)
+    original_args = models.JSONField(null=True, blank=True)  # before a reviewer's edit
+    requires_approval = models.BooleanField(default=False)
+    status = models.CharField(
+        max_length=20, choices=ToolCallStatus.choices, default=ToolCallStatus.PROPOSED
+    )
+    suspend_payload = models.JSONField(null=True, blank=True)
+    resume_schema = models.JSONField(null=True, blank=True)
+    resume_data = models.JSONField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    # The sub-agent run this call delegated to (nested agents).
+    child_run = models.ForeignKey(
+        Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="delegated_from"
+    )
+    decided_by = models.CharField(max_length=150, blank=True, default="")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True, default="")
+    suspended_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["run", "tool_call_id"], name="unique_tool_call_id"),
+        ]
+        indexes: ClassVar = [
+            models.Index(
+                fields=["tool_name"],
+                condition=Q(status__in=["awaiting_approval", "awaiting_input"]),
+                name="toolcall_waiting_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name} {self.tool_call_id} ({self.status})"
+
+    @property
+    def is_waiting(self) -> bool:
+        return self.status in PENDING_DECISION_STATUSES
+
+
+class RunEvent(models.Model):
+    """One entry of a run's timeline, ordered by seq; the source for streams and live pushes."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=32)
+    data = models.JSONField(default=dict, blank=True)
+    actor = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["run", "seq"], name="unique_event_seq"),
+        ]
+        indexes: ClassVar = [models.Index(fields=["-created_at"], name="event_created_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.kind}"
+
+
+class AuditEntry(models.Model):
+    """Who decided or cancelled what. Holds ids as plain values so it outlives a rollback."""
+
+    id = models.BigAutoField(primary_key=True)
+    actor = models.CharField(max_length=150)
+    action = models.CharField(max_length=32)
+    run_id = models.UUIDField(null=True, blank=True)
+    thread_id = models.UUIDField(null=True, blank=True)
+    agent_id = models.CharField(max_length=128, blank=True, default="")
+    resource_id = models.CharField(max_length=255, null=True, blank=True)
+    tool_call_id = models.CharField(max_length=128, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name_plural = "audit entries"
+        indexes: ClassVar = [
+            models.Index(fields=["-created_at"], name="audit_created_idx"),
+            models.Index(fields=["run_id"], name="audit_run_idx"),
+            models.Index(fields=["actor", "-created_at"], name="audit_actor_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.actor} {self.action} {self.run_id}"
+
+
+class ApiKey(models.Model):
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12)  # shown in lists so a key can be recognised
+    # SHA-256 of the key. Keys are 32 random bytes, so a fast hash is enough (no dictionary
+    # to attack) and lets every request look the key up by an index.
+    key_hash = models.CharField(max_length=64, unique=True)
+    resource_id = models.CharField(max_length=255, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def hash_key(raw: str) -> str:
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None

@@ -1,0 +1,434 @@
+"""Reads that carry rules: suspended-run listing, search, visibility by resource, stuck runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet
+from django.utils import timezone
+
+from runs.exceptions import NotFound, ValidationFailed
+from runs.models import (
+    ACTIVE_STATUSES,
+    PENDING_DECISION_STATUSES,
+    Checkpoint,
+    Run,
+    RunEvent,
+    RunStatus,
+    Thread,
+    ThreadStatus,
+    ToolCall,
+)
+
+MAX_PAGE_SIZE = 1000
+
+
+@dataclass
+class Page:
+    items: list[Any]
+    total: int
+
+
+def _check_int(value: Any, field: str, *, minimum: int, code: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+                value = int(value)
+            else:
+                raise ValueError
+        except ValueError:
+            raise ValidationFailed(
+                f"{field} must be an integer, got {value!r}",
+                errors=[{"field": field, "message": "must be an integer"}],
+                code=code,
+            ) from None
+    if value < minimum:
+        kind = "a positive integer" if minimum == 1 else "a non-negative integer"
+        raise ValidationFailed(
+            f"{field} must be {kind}, got {value}",
+            errors=[{"field": field, "message": f"must be {kind}"}],
+            code=code,
+        )
+    return value
+
+
+def validate_pagination(per_page: Any, page: Any) -> tuple[int | None, int | None]:
+    """Mastra's contract: per_page positive, page non-negative (zero-based)."""
+    per_page = _check_int(per_page, "per_page", minimum=1, code="invalid_per_page")
+    page = _check_int(page, "page", minimum=0, code="invalid_page")
+    if per_page is not None and per_page > MAX_PAGE_SIZE:
+        raise ValidationFailed(
+            f"per_page must be at most {MAX_PAGE_SIZE}, got {per_page}",
+            errors=[{"field": "per_page", "message": f"at most {MAX_PAGE_SIZE}"}],
+            code="invalid_per_page",
+        )
+    return per_page, page
+
+
+def _check_dates(from_date: datetime | None, to_date: datetime | None) -> None:
+    if from_date and to_date and from_date > to_date:
+        raise ValidationFailed(
+            "from_date is after to_date",
+            errors=[{"field": "from_date", "message": "must not be after to_date"}],
+        )
+
+
+def waiting_tool_calls_prefetch() -> Prefetch:
+    return Prefetch(
+        "tool_calls",
+        queryset=ToolCall.objects.filter(status__in=PENDING_DECISION_STATUSES).order_by(
+            "created_at", "id"
+        ),
+        to_attr="waiting_tool_calls",
+    )
+
+
+def _agent_runs(
+    *,
+    agent_id: str,
+    thread_id: UUID | None,
+    resource_id: str | None,
+    from_date: datetime | None,
+    to_date: datetime | None,
+    pinned_resource_id: str | None,
+) -> QuerySet[Run]:
+    _check_dates(from_date, to_date)
+    qs = Run.objects.filter(agent_id=agent_id)
+    if thread_id is not None:
+        qs = qs.filter(thread_id=thread_id)
+    if resource_id is not None:
+        qs = qs.filter(resource_id=resource_id)
+    if pinned_resource_id is not None:
+        # A pinned key always wins: a different resource_id filter simply matches nothing.
+        qs = qs.filter(resource_id=pinned_resource_id)
+    if from_date is not None:
+        qs = qs.filter(created_at__gte=from_date)
+    if to_date is not None:
+        qs = qs.filter(created_at__lte=to_date)
+    return qs
+
+
+def _paginate(qs: QuerySet, per_page: int | None, page: int | None) -> Page:
+    if per_page is not None and page is not None:
+        total = qs.count()
+        start = per_page * page
+        items = list(qs[start : start + per_page]) if start < total else []
+        return Page(items=items, total=total)
+    items = list(qs)
+    return Page(items=items, total=len(items))
+
+
+def suspended_runs_for_agent(
+    *,
+    agent_id: str,
+    thread_id: UUID | None = None,
+    resource_id: str | None = None,
+    from_date: datetime | None = None,
+    to_date: datetime | None = None,
+    per_page: Any = None,
+    page: Any = None,
+    pinned_resource_id: str | None = None,
+) -> Page:
+    """Suspended runs started by `agent_id`, newest suspension first (ties by run id).
+
+    Scope follows Mastra's listSuspendedRuns: a supervisor sees its own outer run (waiting on
+    the delegation call), a sub-agent's inner run is listed only for the sub-agent. Pagination
+    applies only when both per_page and page are given; `total` counts before pagination.
+    Each run carries `waiting_tool_calls`.
+    """
+    per_page, page = validate_pagination(per_page, page)
+    qs = (
+        _agent_runs(
+            agent_id=agent_id,
+            thread_id=thread_id,
+            resource_id=resource_id,
+            from_date=from_date,
+            to_date=to_date,
+            pinned_resource_id=pinned_resource_id,
+        )
+        .filter(status=RunStatus.SUSPENDED)
+        .order_by("-suspended_at", "-id")
+        .prefetch_related(waiting_tool_calls_prefetch())
+    )
+    return _paginate(qs, per_page, page)
+
+
+RUN_STATUS_VALUES = tuple(RunStatus.values)
+
+
+def parse_statuses(status: Any, field: str = "status") -> list[str] | None:
+    """Accept one status, a comma list or a list; reject unknown values with the allowed ones."""
+    if status in (None, "", []):
+        return None
+    values = status if isinstance(status, list | tuple) else str(status).split(",")
+    values = [str(v).strip() for v in values if str(v).strip()]
+    bad = [v for v in values if v not in RUN_STATUS_VALUES]
+    if bad:
+        raise ValidationFailed(
+            f"unknown {field} {', '.join(map(repr, bad))}; use {', '.join(RUN_STATUS_VALUES)}",
+            errors=[{"field": field, "message": f"must be one of {', '.join(RUN_STATUS_VALUES)}"}],
+        )
+    return values
+
+
+def runs_for_agent(
+    *,
+    agent_id: str,
+    status: Any = None,
+    thread_id: UUID | None = None,
+    resource_id: str | None = None,
+    from_date: datetime | None = None,
+    to_date: datetime | None = None,
+    per_page: Any = None,
+    page: Any = None,
+    pinned_resource_id: str | None = None,
+) -> Page:
+    per_page, page = validate_pagination(per_page, page)
+    statuses = parse_statuses(status)
+    qs = _agent_runs(
+        agent_id=agent_id,
+        thread_id=thread_id,
+        resource_id=resource_id,
+        from_date=from_date,
+        to_date=to_date,
+        pinned_resource_id=pinned_resource_id,
+    )
+    if statuses:
+        qs = qs.filter(status__in=statuses)
+    qs = qs.order_by("-updated_at", "-id").prefetch_related(waiting_tool_calls_prefetch())
+    return _paginate(qs, per_page, page)
+
+
+def run_get(
+    run_id: UUID, *, pinned_resource_id: str | None = None, thread_id: UUID | None = None
+) -> Run:
+    qs = Run.objects.filter(id=run_id)
+    if thread_id is not None:
+        qs = qs.filter(thread_id=thread_id)
+    if pinned_resource_id is not None:
+        qs = qs.filter(resource_id=pinned_resource_id)
+    run = qs.first()
+    if run is None:
+        raise NotFound(f"Run {run_id} not found", code="run_not_found")
+    return run
+
+
+def run_for_agent(run_id: UUID, *, agent_id: str, pinned_resource_id: str | None = None) -> Run:
+    """A run of this agent; one of another agent is reported as not found (no leak)."""
+    run = run_get(run_id, pinned_resource_id=pinned_resource_id)
+    if run.agent_id != agent_id:
+        raise NotFound(f"Run {run_id} not found for agent {agent_id}", code="run_not_found")
+    return run
+
+
+def thread_get(thread_id: UUID, *, pinned_resource_id: str | None = None) -> Thread:
+    qs = Thread.objects.filter(id=thread_id)
+    if pinned_resource_id is not None:
+        qs = qs.filter(resource_id=pinned_resource_id)
+    thread = qs.first()
+    if thread is None:
+        raise NotFound(f"Thread {thread_id} not found", code="thread_not_found")
+    return thread
+
+
+def run_events(run: Run, *, after: int = 0, limit: int = 100) -> list[RunEvent]:
+    limit = max(1, min(int(limit), 1000))
+    return list(run.events.filter(seq__gt=after).order_by("seq")[:limit])
+
+
+def latest_checkpoint(
+    *, thread_id: UUID | None = None, run_id: UUID | None = None
+) -> Checkpoint | None:
+    qs = Checkpoint.objects.all()
+    if thread_id is not None:
+        qs = qs.filter(thread_id=thread_id)
+    if run_id is not None:
+        qs = qs.filter(run_id=run_id)
+    return qs.order_by("-created_at", "-id").first()
+
+
+def thread_history(
+    thread: Thread, *, limit: int = 10, before: UUID | None = None
+) -> list[Checkpoint]:
+    qs = Checkpoint.objects.filter(thread_id=thread.id)
+    if before is not None:
+        anchor = Checkpoint.objects.filter(thread_id=thread.id, id=before).first()
+        if anchor is None:
+            return []
+        qs = qs.filter(
+            Q(created_at__lt=anchor.created_at) | Q(created_at=anchor.created_at, id__lt=anchor.id)
+        )
+    return list(qs.order_by("-created_at", "-id")[: max(1, min(limit, 1000))])
+
+
+def thread_waiting_tool_calls(thread: Thread) -> list[ToolCall]:
+    """The tool calls a thread's suspended runs wait on (LangGraph's thread interrupts)."""
+    return list(
+        ToolCall.objects.filter(
+            run__thread_id=thread.id,
+            run__status=RunStatus.SUSPENDED,
+            run__parent_run__isnull=True,
+            status__in=PENDING_DECISION_STATUSES,
+        ).order_by("created_at", "id")
+    )
+
+
+def threads_search(
+    *,
+    metadata: dict[str, Any] | None = None,
+    values: dict[str, Any] | None = None,
+    status: str | None = None,
+    ids: list[UUID] | None = None,
+    limit: int = 10,
+    offset: int = 0,
+    sort_by: str = "created_at",
+    sort_order: str = "desc",
+    pinned_resource_id: str | None = None,
+) -> Page:
+    qs = Thread.objects.all()
+    if metadata:
+        qs = qs.filter(metadata__contains=metadata)
+    if values:
+        qs = qs.filter(values__contains=values)
+    if status:
+        if status not in ThreadStatus.values:
+            raise ValidationFailed(
+                f"status must be one of {', '.join(ThreadStatus.values)}",
+                errors=[{"field": "status", "message": "unknown thread status"}],
+            )
+        qs = qs.filter(status=status)
+    if ids:
+        qs = qs.filter(id__in=ids)
+    if pinned_resource_id is not None:
+        qs = qs.filter(resource_id=pinned_resource_id)
+    sort_fields = {
+        "thread_id": "id",
+        "status": "status",
+        "created_at": "created_at",
+        "updated_at": "updated_at",
+        "state_updated_at": "updated_at",
+    }
+    if sort_by not in sort_fields:
+        raise ValidationFailed(
+            f"sort_by must be one of {', '.join(sort_fields)}",
+            errors=[{"field": "sort_by", "message": "unknown sort field"}],
+        )
+    if sort_order not in ("asc", "desc"):
+        raise ValidationFailed(
+            "sort_order must be asc or desc",
+            errors=[{"field": "sort_order", "message": "must be asc or desc"}],
+        )
+    prefix = "-" if sort_order == "desc" else ""
+    qs = qs.order_by(f"{prefix}{sort_fields[sort_by]}", f"{prefix}id")
+    total = qs.count()
+    return Page(items=list(qs[offset : offset + limit]), total=total)
+
+
+def thread_runs(
+    thread: Thread, *, limit: int = 10, offset: int = 0, status: str | None = None
+) -> list[Run]:
+    qs = Run.objects.filter(thread_id=thread.id, parent_run__isnull=True)
+    statuses = parse_statuses(status)
+    if statuses:
+        qs = qs.filter(status__in=statuses)
+    return list(qs.order_by("-created_at", "-id")[offset : offset + limit])
+
+
+# --- Dashboard lists -----------------------------------------------------------------------
+
+
+@dataclass
+class RunFilters:
+    status: list[str] | None = None
+    agent_id: str | None = None
+    thread_id: UUID | None = None
+    resource_id: str | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+    stuck: bool = False
+    tool_name: str | None = None
+    waiting_longer_than: timedelta | None = None
+    pending_longer_than: timedelta | None = None
+    top_level_only: bool = True
+
+
+def stuck_condition(now: datetime | None = None, minutes: int | None = None) -> Q:
+    """Running with an expired lease or silent for N minutes, or pending longer than N minutes."""
+    now = now or timezone.now()
+    minutes = minutes or settings.RUNS_STUCK_MINUTES
+    cutoff = now - timedelta(minutes=minutes)
+    return (
+        Q(status=RunStatus.RUNNING, lease_expires_at__lt=now)
+        | Q(status=RunStatus.RUNNING, updated_at__lt=cutoff)
+        | Q(status=RunStatus.PENDING, created_at__lt=cutoff, not_before__isnull=True)
+        | Q(status=RunStatus.PENDING, not_before__lt=cutoff)
+    )
+
+
+def runs_filtered(filters: RunFilters) -> QuerySet[Run]:
+    qs = Run.objects.all()
+    if filters.top_level_only:
+        qs = qs.filter(parent_run__isnull=True)
+    if filters.status:
+        qs = qs.filter(status__in=filters.status)
+    if filters.agent_id:
+        qs = qs.filter(agent_id=filters.agent_id)
+    if filters.thread_id:
+        qs = qs.filter(thread_id=filters.thread_id)
+    if filters.resource_id:
+        qs = qs.filter(resource_id=filters.resource_id)
+    if filters.created_from:
+        qs = qs.filter(created_at__gte=filters.created_from)
+    if filters.created_to:
+        qs = qs.filter(created_at__lte=filters.created_to)
+    if filters.stuck:
+        qs = qs.filter(stuck_condition())
+    if filters.pending_longer_than:
+        qs = qs.filter(
+            status=RunStatus.PENDING,
+            created_at__lt=timezone.now() - filters.pending_longer_than,
+        )
+    if filters.tool_name:
+        qs = qs.filter(
+            Exists(
+                ToolCall.objects.filter(
+                    run=OuterRef("pk"),
+                    tool_name=filters.tool_name,
+                    status__in=PENDING_DECISION_STATUSES,
+                )
+            )
+        )
+    if filters.waiting_longer_than:
+        qs = qs.filter(
+            status=RunStatus.SUSPENDED,
+            suspended_at__lt=timezone.now() - filters.waiting_longer_than,
+        )
+    return qs
+
+
+def inbox(filters: RunFilters, *, oldest_first: bool = False) -> QuerySet[Run]:
+    """Suspended runs for reviewers (every agent), with their waiting tool calls."""
+    qs = runs_filtered(filters).filter(status=RunStatus.SUSPENDED)
+    order = ("suspended_at", "id") if oldest_first else ("-suspended_at", "-id")
+    return qs.order_by(*order).prefetch_related(waiting_tool_calls_prefetch())
+
+
+def status_counts() -> dict[str, int]:
+    from django.db.models import Count
+
+    counts = {s: 0 for s in RunStatus.values}
+    for row in Run.objects.filter(parent_run__isnull=True).values("status").annotate(n=Count("id")):
+        counts[row["status"]] = row["n"]
+    return counts
+
+
+def active_run_ids(run_ids: list[UUID]) -> list[UUID]:
+    return list(
+        Run.objects.filter(id__in=run_ids, status__in=ACTIVE_STATUSES).values_list("id", flat=True)
+    )

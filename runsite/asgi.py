@@ -1,0 +1,35 @@
+"""ASGI entry point: HTTP (Django) and websockets (Channels) in one application.
+
+With RUNS_EMBEDDED_WORKER=1 (the `make run` demo) a worker runs inside this process, so one
+command serves everything on the SQLite default.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runsite.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs apps loaded)
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+from runs.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        ),
+    }
+)
+
+if settings.RUNS_EMBEDDED_WORKER:
+    from runs.engine.worker import start_embedded_worker
+
+    start_embedded_worker()

@@ -1,0 +1,241 @@
+"""Runsite settings: one file, driven by the environment.
+
+Every value can be set with an environment variable of the same name. A value that cannot be
+parsed stops start-up with ImproperlyConfigured naming the variable, so a typo in a deployment
+never turns into a silently different behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use 1/0, true/false, on/off)")
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG and not env_bool("RUNS_ALLOW_INSECURE_KEY", True):
+        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
+    # Development fallback; production deployments set SECRET_KEY (docs/deploy.md).
+    SECRET_KEY = "runsite-insecure-development-key-change-me"  # noqa: S105
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",  # first: its runserver replaces Django's so websockets work in development
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "channels",
+    "django_htmx",
+    "runs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "runsite.urls"
+ASGI_APPLICATION = "runsite.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+# Default: a SQLite file next to manage.py in WAL mode, so `make run` needs no server.
+_default_db = f"sqlite:///{BASE_DIR / 'db.sqlite3'}"
+try:
+    _db = dj_database_url.parse(env_str("DATABASE_URL", _default_db))
+except Exception as exc:  # dj_database_url raises several types for a bad URL
+    raise ImproperlyConfigured(f"DATABASE_URL could not be parsed: {exc}") from None
+if _db.get("ENGINE") not in ("django.db.backends.postgresql", "django.db.backends.sqlite3"):
+    raise ImproperlyConfigured("DATABASE_URL must be a postgres:// or sqlite:// URL")
+
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    _db["OPTIONS"] = {
+        # WAL lets the dashboard read while the embedded worker writes; IMMEDIATE makes writers
+        # queue on the busy timeout instead of failing with "database is locked" on upgrade.
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+    }
+    _db["TEST"] = {"NAME": str(BASE_DIR / "test-db.sqlite3")}
+else:
+    # Under ASGI each request may run on a different thread, so persistent connections leak;
+    # psycopg's pool gives reuse without that. Workers (a plain process) use the same setting.
+    if env_bool("DATABASE_POOL", True):
+        _db["CONN_MAX_AGE"] = 0
+        _db.setdefault("OPTIONS", {})["pool"] = {
+            "min_size": env_int("DATABASE_POOL_MIN", 1),
+            "max_size": env_int("DATABASE_POOL_MAX", 10, minimum=1),
+            "timeout": env_float("DATABASE_POOL_TIMEOUT", 10.0, minimum=0.1),
+        }
+    _db.setdefault("OPTIONS", {})["connect_timeout"] = env_int("DATABASE_CONNECT_TIMEOUT", 5)
+    _db["TEST"] = {"NAME": env_str("DATABASE_TEST_NAME", "") or None}
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Channels -------------------------------------------------------------------------------
+REDIS_URL = env_str("REDIS_URL", "")
+if REDIS_URL:
+    if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+        raise ImproperlyConfigured("REDIS_URL must start with redis://, rediss:// or unix://")
+    CHANNEL_LAYERS = {
+        "default": {
+            # The pub/sub layer: lower fan-out latency than the core layer and no capacity
+            # drops; it can lose messages on reconnect, which is why every push carries a
+            # per-run sequence number and clients resync from the database.
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --- Auth, i18n, static ---------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "runs:overview"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("TIME_ZONE", "UTC")
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = DEBUG
+
+# Request bodies: the API answers 413 above this size (runs/api/errors.py).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("RUNS_MAX_BODY_BYTES", 1_048_576, minimum=1024)
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the page, not the cookie
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+if env_bool("SECURE_COOKIES", False):
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+
+# --- Runsite engine -------------------------------------------------------------------------
+RUNS_AGENTS = env_list("RUNS_AGENTS", ["runs.agents.BUILTIN_AGENTS"])
+RUNS_LEASE_SECONDS = env_float("RUNS_LEASE_SECONDS", 30.0, minimum=1.0)
+RUNS_HEARTBEAT_SECONDS = env_float("RUNS_HEARTBEAT_SECONDS", 10.0, minimum=0.05)
+RUNS_REAPER_SECONDS = env_float("RUNS_REAPER_SECONDS", 5.0, minimum=0.1)
+RUNS_POLL_SECONDS = env_float("RUNS_POLL_SECONDS", 1.0, minimum=0.01)
+RUNS_MAX_ATTEMPTS = env_int("RUNS_MAX_ATTEMPTS", 3, minimum=1)
+RUNS_DEFAULT_TIME_LIMIT = env_float("RUNS_DEFAULT_TIME_LIMIT", 600.0, minimum=0.1)
+RUNS_WORKER_CONCURRENCY = env_int("RUNS_WORKER_CONCURRENCY", 4, minimum=1)
+RUNS_SHUTDOWN_GRACE_SECONDS = env_float("RUNS_SHUTDOWN_GRACE_SECONDS", 10.0)
+RUNS_NOTIFY = env_bool("RUNS_NOTIFY", True)  # pg_notify wake-ups; off = poll only (tests)
+RUNS_EMBEDDED_WORKER = env_bool("RUNS_EMBEDDED_WORKER", False)
+RUNS_API_AUTH = env_bool("RUNS_API_AUTH", True)
+RUNS_STUCK_MINUTES = env_int("RUNS_STUCK_MINUTES", 10, minimum=1)
+RUNS_OPENAI_BASE_URL = env_str("RUNS_OPENAI_BASE_URL", "https://api.openai.com/v1")
+RUNS_OPENAI_API_KEY = env_str("RUNS_OPENAI_API_KEY", "")
+RUNS_OPENAI_MODEL = env_str("RUNS_OPENAI_MODEL", "gpt-4o-mini")
+RUNS_OPENAI_TIMEOUT = env_float("RUNS_OPENAI_TIMEOUT", 60.0, minimum=0.1)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+    },
+}
