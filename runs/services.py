@@ -1320,7 +1320,7 @@ def runs_cancel_many(
     ids are skipped, not an error: a bulk action must not fail because one run just ended.
     """
     _validate_choice(action, CancelAction.values, "action")
-    if status is not None and (run_ids or thread_id):
+    if status is not None and (run_ids is not None or thread_id is not None):
         raise ValidationFailed(
             "When providing a 'status', 'thread_id' and 'run_ids' must be omitted",
             errors=[{"field": "status", "message": "cannot be combined with thread_id/run_ids"}],

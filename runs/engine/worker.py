@@ -95,7 +95,6 @@ def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
         return _safely(lambda: services.run_fail_attempt(lease=lease, error=error).status)
     finally:
         logger.debug("run=%s done in %.3fs", run.id, time.monotonic() - started)
-        close_old_connections()
 
 
 def _safely(fn: Any) -> str:
@@ -231,6 +230,9 @@ class Worker:
         try:
             return execute_claimed(claimed, control)
         finally:
+            # Executor threads are long-lived: hand the connection back (to the pool on
+            # PostgreSQL) so an idle worker holds none.
+            close_old_connections()
             with self._lock:
                 self._active.pop(claimed.lease.run_id, None)
             self._wake.set()  # a slot is free

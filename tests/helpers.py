@@ -1,0 +1,99 @@
+"""Helpers for tests that start real processes or wait for asynchronous outcomes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- real processes -------------------------------------------------------------------------
+
+
+def database_url_for_subprocess() -> str:
+    """A DATABASE_URL that points a child process at the database this test is using."""
+    s = connection.settings_dict
+    if connection.vendor == "postgresql":
+        user = s.get("USER") or ""
+        password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
+        auth = f"{user}{password}@" if user else ""
+        return (
+            f"postgres://{auth}{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/{s['NAME']}"
+        )
+    return f"sqlite:///{s['NAME']}"
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url_for_subprocess(),
+        "PYTHONUNBUFFERED": "1",
+        "DJANGO_SETTINGS_MODULE": "runsite.settings",
+    }
+    env.pop("DATABASE_TEST_NAME", None)
+    env.update(extra)
+    return env
+
+
+class WorkerProcess:
+    def __init__(self, *, concurrency: int = 4, log: Path, **env: str):
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runagents", "--concurrency", str(concurrency)],
+            cwd=ROOT,
+            env=subprocess_env(**env),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_started(self, timeout: float = 20.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited early:\n{self.output()}")
+            if b"running with concurrency" in self.log_path.read_bytes():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"worker did not start:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)

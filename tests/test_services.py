@@ -1,0 +1,650 @@
+"""The lifecycle table of DESIGN.md, one test per row, through runs/services.py."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from runs import selectors, services
+from runs.exceptions import AlreadyDecided, Conflict, NotFound, ValidationFailed
+from runs.models import (
+    AuditEntry,
+    Checkpoint,
+    Run,
+    RunEvent,
+    RunStatus,
+    Thread,
+    ThreadStatus,
+    ToolCall,
+    ToolCallStatus,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def make_thread(**metadata: object) -> Thread:
+    return services.thread_create(metadata=metadata or {"resource_id": "acme"})
+
+
+def refund_run(thread: Thread | None = None, amount: float = 25.0) -> Run:
+    return services.run_create(
+        agent_id="refund",
+        thread_id=thread.id if thread else None,
+        input={"order_id": "A-1", "amount": amount},
+        actor="test",
+    )
+
+
+def suspended_refund(drain, thread: Thread | None = None, amount: float = 25.0) -> Run:
+    run = refund_run(thread, amount)
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUSPENDED
+    return run
+
+
+def claim_one(owner: str = "w1") -> services.ClaimedRun:
+    claimed = services.run_claim(owner=owner, limit=1)
+    assert len(claimed) == 1
+    return claimed[0]
+
+
+# --- pending → running ----------------------------------------------------------------------
+
+
+def test_it_claims_the_oldest_pending_run_and_marks_it_running() -> None:
+    thread = make_thread()
+    first = services.run_create(agent_id="echo", thread_id=thread.id, input=1, actor="t")
+    services.run_create(agent_id="echo", thread_id=make_thread().id, input=2, actor="t")
+    claimed = claim_one()
+    assert claimed.run.id == first.id
+    first.refresh_from_db()
+    assert first.status == RunStatus.RUNNING
+    assert first.lease_owner == "w1"
+    assert first.attempt == 1
+    assert first.lease_expires_at > timezone.now()
+    assert Thread.objects.get(id=thread.id).status == ThreadStatus.BUSY
+    assert list(first.events.values_list("kind", flat=True)) == ["created", "started"]
+
+
+def test_it_runs_one_run_per_thread_at_a_time_in_creation_order() -> None:
+    thread = make_thread()
+    a = services.run_create(agent_id="echo", thread_id=thread.id, input="a", actor="t")
+    b = services.run_create(agent_id="echo", thread_id=thread.id, input="b", actor="t")
+    assert [c.run.id for c in services.run_claim(owner="w1", limit=5)] == [a.id]
+    assert services.run_claim(owner="w2", limit=5) == []  # b waits for a
+    lease = Lease_of(a)
+    services.run_finish(lease=lease, status=RunStatus.SUCCESS, output={})
+    assert [c.run.id for c in services.run_claim(owner="w2", limit=5)] == [b.id]
+
+
+def Lease_of(run: Run) -> services.Lease:  # noqa: N802
+    run.refresh_from_db()
+    return services.Lease(run.id, run.lease_owner, run.attempt)
+
+
+def test_it_does_not_claim_a_run_before_after_seconds() -> None:
+    services.run_create(agent_id="echo", thread_id=None, input=1, after_seconds=60, actor="t")
+    assert services.run_claim(owner="w1") == []
+
+
+# --- running → suspended → pending → success (same run id) -----------------------------------
+
+
+def test_it_suspends_with_a_snapshot_and_continues_the_same_run_after_approval(
+    drain, reviewer
+) -> None:
+    thread = make_thread()
+    run = suspended_refund(drain, thread)
+    tc = ToolCall.objects.get(run=run, tool_name="issue_refund")
+    assert tc.status == ToolCallStatus.AWAITING_APPROVAL
+    assert tc.requires_approval is True
+    assert run.suspended_at is not None and run.lease_owner is None
+    snapshot = Checkpoint.objects.filter(run=run).order_by("-step").first()
+    assert snapshot.pending == [tc.tool_call_id]
+    thread.refresh_from_db()
+    assert thread.status == ThreadStatus.INTERRUPTED
+    assert thread.values == snapshot.values
+
+    services.tool_call_approve(run=run, actor=reviewer)
+    run.refresh_from_db()
+    assert run.status == RunStatus.PENDING
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS
+    assert run.output == {"refunded": True, "order_id": "A-1", "amount": 25.0}
+    thread.refresh_from_db()
+    assert thread.status == ThreadStatus.IDLE
+    assert thread.values["output"] == run.output
+    entry = AuditEntry.objects.get(action="approve")
+    assert (entry.actor, entry.run_id, entry.tool_call_id) == ("rita", run.id, tc.tool_call_id)
+    # the tool result was recorded once; lookup_order was not re-executed after the resume
+    assert (
+        ToolCall.objects.get(run=run, tool_name="lookup_order").status == ToolCallStatus.SUCCEEDED
+    )
+    kinds = list(run.events.order_by("seq").values_list("kind", flat=True))
+    assert kinds.count("suspended") == 1 and kinds.count("resumed") == 1 and kinds[-1] == "finished"
+
+
+def test_it_uses_edited_arguments_and_keeps_the_originals(drain, reviewer) -> None:
+    run = suspended_refund(drain, amount=480.0)
+    services.tool_call_approve(run=run, actor=reviewer, args={"order_id": "A-1", "amount": 48.0})
+    drain()
+    run.refresh_from_db()
+    assert run.output == {"refunded": True, "order_id": "A-1", "amount": 48.0}
+    tc = ToolCall.objects.get(run=run, tool_name="issue_refund")
+    assert tc.original_args == {"order_id": "A-1", "amount": 480.0}
+    assert tc.args == {"order_id": "A-1", "amount": 48.0}
+    audit = AuditEntry.objects.get(action="approve")
+    assert audit.before["args"]["amount"] == 480.0 and audit.after["args"]["amount"] == 48.0
+
+
+def test_it_gives_the_model_the_decline_reason(drain, reviewer) -> None:
+    run = suspended_refund(drain)
+    services.tool_call_decline(run=run, actor=reviewer, reason="duplicate request")
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS
+    assert run.output == {"refunded": False, "reason": "duplicate request"}
+
+
+def test_it_uses_a_default_text_when_declined_without_reason(drain, reviewer) -> None:
+    run = suspended_refund(drain)
+    services.tool_call_decline(run=run, actor=reviewer)
+    drain()
+    run.refresh_from_db()
+    assert run.output == {"refunded": False, "reason": services.DEFAULT_DECLINE_TEXT}
+
+
+def test_it_resumes_a_tool_that_asked_for_input(drain, reviewer) -> None:
+    run = services.run_create(agent_id="weather", thread_id=None, input={}, actor="t")
+    drain()
+    run.refresh_from_db()
+    tc = ToolCall.objects.get(run=run)
+    assert (tc.status, tc.suspend_payload) == (
+        ToolCallStatus.AWAITING_INPUT,
+        {"message": "Which city?"},
+    )
+    assert tc.resume_schema["required"] == ["city"]
+    services.tool_call_answer(run=run, actor=reviewer, resume_data={"city": "Oslo"})
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS
+    assert run.output["city"] == "Oslo" and run.output["forecast"]
+
+
+def test_it_rejects_resume_data_that_does_not_match_the_schema(drain, reviewer) -> None:
+    run = services.run_create(agent_id="weather", thread_id=None, input={}, actor="t")
+    drain()
+    with pytest.raises(ValidationFailed) as err:
+        services.tool_call_answer(run=run, actor=reviewer, resume_data={"city": ""})
+    assert err.value.errors[0]["field"] == "resume_data.city"
+    with pytest.raises(ValidationFailed) as err:
+        services.tool_call_answer(run=run, actor=reviewer, resume_data={})
+    assert "city" in err.value.detail
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUSPENDED
+    assert ToolCall.objects.get(run=run).status == ToolCallStatus.AWAITING_INPUT
+    assert not AuditEntry.objects.exists()
+
+
+# --- running → success / error / timeout ------------------------------------------------------
+
+
+def test_it_finishes_success(drain) -> None:
+    run = services.run_create(agent_id="echo", thread_id=None, input={"x": 1}, actor="t")
+    drain()
+    run.refresh_from_db()
+    assert (run.status, run.output) == (RunStatus.SUCCESS, {"echo": {"x": 1}})
+    assert run.finished_at is not None
+
+
+@override_settings(RUNS_MAX_ATTEMPTS=1)
+def test_it_finishes_error_when_the_agent_raises_on_its_last_attempt(drain) -> None:
+    thread = make_thread()
+    run = services.run_create(agent_id="flaky", thread_id=thread.id, input={}, actor="t")
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.ERROR
+    assert run.error["error"] == "FlakyFailure"
+    assert Thread.objects.get(id=thread.id).status == ThreadStatus.ERROR
+
+
+def test_it_retries_a_run_that_raised(drain) -> None:
+    run = services.run_create(agent_id="flaky", thread_id=None, input={}, actor="t")
+    drain()
+    run.refresh_from_db()
+    assert (run.status, run.attempt, run.output) == (
+        RunStatus.SUCCESS,
+        2,
+        {"ok": True, "attempt": 2},
+    )
+    assert "retry" in list(run.events.values_list("kind", flat=True))
+
+
+@override_settings(RUNS_DEFAULT_TIME_LIMIT=0.2)
+def test_it_ends_timeout_past_the_time_limit(drain) -> None:
+    run = services.run_create(
+        agent_id="slow", thread_id=None, input={"steps": 20, "delay_ms": 50}, actor="t"
+    )
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.TIMEOUT
+    assert run.error["error"] == "TimeoutError"
+
+
+# --- running → worker died ----------------------------------------------------------------------
+
+
+def expire_lease(run: Run) -> None:
+    Run.objects.filter(id=run.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def test_it_requeues_a_run_whose_lease_expired() -> None:
+    run = services.run_create(agent_id="echo", thread_id=None, input=1, actor="t")
+    claim_one()
+    expire_lease(run)
+    counts = services.runs_reap()
+    run.refresh_from_db()
+    assert counts["requeued"] == 1
+    assert (run.status, run.lease_owner, run.attempt) == (RunStatus.PENDING, None, 1)
+    again = claim_one("w2")
+    assert again.lease.attempt == 2
+
+
+def test_it_fails_a_run_after_max_attempts() -> None:
+    thread = make_thread()
+    run = services.run_create(agent_id="echo", thread_id=thread.id, input=1, actor="t")
+    for i in range(3):
+        claim_one(f"w{i}")
+        expire_lease(run)
+        services.runs_reap(max_attempts=3)
+    run.refresh_from_db()
+    assert run.status == RunStatus.ERROR
+    assert run.error["error"] == "LeaseExpired"
+    assert Thread.objects.get(id=thread.id).status == ThreadStatus.ERROR
+
+
+def test_a_worker_that_lost_its_lease_cannot_write() -> None:
+    from runs.exceptions import LeaseLost
+
+    run = services.run_create(agent_id="echo", thread_id=None, input=1, actor="t")
+    old = claim_one("zombie")
+    expire_lease(run)
+    services.runs_reap()
+    claim_one("fresh")
+    with pytest.raises(LeaseLost):
+        services.run_save_step(
+            lease=old.lease,
+            thread_id=run.thread_id,
+            step=7,
+            values={},
+            pending=[],
+            parent_checkpoint_id=None,
+        )
+    with pytest.raises(LeaseLost):
+        services.run_finish(lease=old.lease, status=RunStatus.SUCCESS, output={"late": True})
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING and run.output is None
+    assert not Checkpoint.objects.filter(run=run, step=7).exists()
+
+
+# --- cancel: interrupt and rollback of pending, running, suspended --------------------------------
+
+
+def test_interrupt_of_a_pending_run_keeps_the_record(support) -> None:
+    thread = make_thread()
+    run = services.run_create(agent_id="echo", thread_id=thread.id, input=1, actor="t")
+    result = services.run_cancel(run=run, action="interrupt", actor=support, reason="not needed")
+    assert result.status == RunStatus.INTERRUPTED
+    run.refresh_from_db()
+    assert (run.status, run.cancel_action) == (RunStatus.INTERRUPTED, "interrupt")
+    assert Thread.objects.get(id=thread.id).status == ThreadStatus.IDLE
+    entry = AuditEntry.objects.get(action="cancel_interrupt")
+    assert (entry.actor, entry.run_id, entry.reason) == ("sam", run.id, "not needed")
+
+
+def test_rollback_of_a_pending_run_deletes_it(support) -> None:
+    thread = make_thread()
+    run = services.run_create(agent_id="echo", thread_id=thread.id, input=1, actor="t")
+    assert services.run_cancel(run=run, action="rollback", actor=support) is None
+    assert not Run.objects.filter(id=run.id).exists()
+    assert not RunEvent.objects.filter(run_id=run.id).exists()
+    assert Thread.objects.get(id=thread.id).status == ThreadStatus.IDLE
+    assert AuditEntry.objects.get(action="cancel_rollback").run_id == run.id
+
+
+def test_interrupt_of_a_suspended_run_keeps_checkpoints(drain, support) -> None:
+    thread = make_thread()
+    run = suspended_refund(drain, thread)
+    n = Checkpoint.objects.filter(run=run).count()
+    services.run_cancel(run=run, action="interrupt", actor=support)
+    run.refresh_from_db()
+    assert run.status == RunStatus.INTERRUPTED
+    assert Checkpoint.objects.filter(run=run).count() == n > 0
+    thread.refresh_from_db()
+    assert thread.status == ThreadStatus.IDLE
+    assert selectors.suspended_runs_for_agent(agent_id="refund").total == 0
+
+
+def test_rollback_of_a_suspended_run_reverts_the_thread(drain, support) -> None:
+    thread = make_thread()
+    first = services.run_create(agent_id="echo", thread_id=thread.id, input="before", actor="t")
+    drain()
+    thread.refresh_from_db()
+    before = thread.values
+    assert before["output"] == {"echo": "before"}
+    run = suspended_refund(drain, thread)
+    assert Thread.objects.get(id=thread.id).values != before
+    services.run_cancel(run=run, action="rollback", actor=support, reason="wrong order")
+    assert not Run.objects.filter(id=run.id).exists()
+    assert not Checkpoint.objects.filter(run_id=run.id).exists()
+    assert not ToolCall.objects.filter(run_id=run.id).exists()
+    thread.refresh_from_db()
+    assert thread.values == before
+    assert thread.status == ThreadStatus.IDLE
+    assert Run.objects.filter(id=first.id).exists()
+    assert AuditEntry.objects.filter(run_id=run.id, action="cancel_rollback").count() == 1
+
+
+def test_cancel_of_a_running_run_is_requested_then_applied_by_the_worker(support) -> None:
+    thread = make_thread()
+    run = services.run_create(agent_id="slow", thread_id=thread.id, input={"steps": 3}, actor="t")
+    claimed = claim_one()
+    result = services.run_cancel(run=run, action="interrupt", actor=support)
+    assert result.status == RunStatus.RUNNING
+    run.refresh_from_db()
+    assert run.cancel_action == "interrupt" and run.cancel_requested_at is not None
+    # the worker sees the request on its next fenced write or heartbeat
+    assert services.run_heartbeat(owner="w1", run_ids=[run.id]) == {run.id: "interrupt"}
+    services.run_acknowledge_cancel(lease=claimed.lease)
+    run.refresh_from_db()
+    assert run.status == RunStatus.INTERRUPTED
+    assert Thread.objects.get(id=thread.id).status == ThreadStatus.IDLE
+
+
+def test_rollback_of_a_running_run_deletes_it_when_the_worker_stops(support) -> None:
+    thread = make_thread()
+    run = services.run_create(agent_id="slow", thread_id=thread.id, input={"steps": 3}, actor="t")
+    claimed = claim_one()
+    services.run_cancel(run=run, action="rollback", actor=support)
+    assert services.run_acknowledge_cancel(lease=claimed.lease) is None
+    assert not Run.objects.filter(id=run.id).exists()
+    assert Thread.objects.get(id=thread.id).values is None
+
+
+def test_a_cancel_requested_for_a_dead_worker_is_applied_by_the_reaper(support) -> None:
+    run = services.run_create(agent_id="slow", thread_id=None, input={"steps": 3}, actor="t")
+    claim_one()
+    services.run_cancel(run=run, action="interrupt", actor=support)
+    expire_lease(run)
+    assert services.runs_reap()["cancelled"] == 1
+    run.refresh_from_db()
+    assert run.status == RunStatus.INTERRUPTED
+
+
+@pytest.mark.parametrize("status", ["success", "error", "timeout", "interrupted"])
+@pytest.mark.parametrize("action", ["interrupt", "rollback"])
+def test_cancel_of_a_finished_run_is_refused_and_changes_nothing(status, action, support) -> None:
+    run = services.run_create(agent_id="echo", thread_id=None, input=1, actor="t")
+    Run.objects.filter(id=run.id).update(status=status)
+    events = RunEvent.objects.filter(run=run).count()
+    with pytest.raises(Conflict) as err:
+        services.run_cancel(run=run, action=action, actor=support)
+    assert f"already {status}" in err.value.detail
+    run.refresh_from_db()
+    assert run.status == status
+    assert RunEvent.objects.filter(run=run).count() == events
+    assert not AuditEntry.objects.exists()
+
+
+# --- bulk cancel ----------------------------------------------------------------------------------
+
+
+def test_bulk_cancel_by_status_across_threads(drain, support) -> None:
+    pending = [
+        services.run_create(agent_id="echo", thread_id=make_thread().id, input=i, actor="t")
+        for i in range(3)
+    ]
+    suspended = suspended_refund(drain, make_thread())
+    pending = [
+        services.run_create(agent_id="echo", thread_id=make_thread().id, input=i, actor="t")
+        for i in range(3)
+    ]
+    result = services.runs_cancel_many(action="interrupt", actor=support, status="pending")
+    assert sorted(result.interrupted) == sorted(r.id for r in pending)
+    assert Run.objects.get(id=suspended.id).status == RunStatus.SUSPENDED
+    result = services.runs_cancel_many(action="rollback", actor=support, status="all")
+    assert result.deleted == [suspended.id]
+
+
+def test_bulk_cancel_by_ids_skips_finished_runs(drain, support) -> None:
+    thread = make_thread()
+    done = services.run_create(agent_id="echo", thread_id=thread.id, input=1, actor="t")
+    drain()
+    waiting = services.run_create(agent_id="echo", thread_id=thread.id, input=2, actor="t")
+    result = services.runs_cancel_many(
+        action="interrupt", actor=support, thread_id=thread.id, run_ids=[done.id, waiting.id]
+    )
+    assert result.interrupted == [waiting.id]
+    assert Run.objects.get(id=done.id).status == RunStatus.SUCCESS
+
+
+def test_bulk_cancel_refuses_status_with_ids(support) -> None:
+    with pytest.raises(ValidationFailed):
+        services.runs_cancel_many(action="interrupt", actor=support, status="all", run_ids=[])
+    with pytest.raises(ValidationFailed) as err:
+        services.runs_cancel_many(action="interrupt", actor=support, status="bogus")
+    assert "status" in err.value.detail
+
+
+# --- multitask strategies --------------------------------------------------------------------------
+
+
+def test_reject_strategy_conflicts_on_a_busy_thread() -> None:
+    thread = make_thread()
+    services.run_create(agent_id="echo", thread_id=thread.id, input=1, actor="t")
+    with pytest.raises(Conflict) as err:
+        services.run_create(
+            agent_id="echo", thread_id=thread.id, input=2, multitask_strategy="reject", actor="t"
+        )
+    assert err.value.detail == services.REJECT_MESSAGE
+    assert Run.objects.filter(thread=thread).count() == 1
+
+
+def test_interrupt_strategy_cancels_the_in_flight_run() -> None:
+    thread = make_thread()
+    old = services.run_create(agent_id="echo", thread_id=thread.id, input=1, actor="t")
+    new = services.run_create(
+        agent_id="echo", thread_id=thread.id, input=2, multitask_strategy="interrupt", actor="t"
+    )
+    assert Run.objects.get(id=old.id).status == RunStatus.INTERRUPTED
+    assert Run.objects.get(id=new.id).status == RunStatus.PENDING
+
+
+def test_rollback_strategy_deletes_the_in_flight_run() -> None:
+    thread = make_thread()
+    old = services.run_create(agent_id="echo", thread_id=thread.id, input=1, actor="t")
+    services.run_create(
+        agent_id="echo", thread_id=thread.id, input=2, multitask_strategy="rollback", actor="t"
+    )
+    assert not Run.objects.filter(id=old.id).exists()
+
+
+# --- decisions: conflicts and nesting -------------------------------------------------------------
+
+
+def test_a_second_decision_names_who_decided(drain, reviewer, reviewer2) -> None:
+    run = suspended_refund(drain)
+    tc = ToolCall.objects.get(run=run, tool_name="issue_refund")
+    services.tool_call_approve(run=run, actor=reviewer, tool_call_id=tc.tool_call_id)
+    # the run is no longer suspended; deciding the same call again names the winner
+    run.refresh_from_db()
+    with pytest.raises(Conflict):
+        services.tool_call_decline(run=run, actor=reviewer2, tool_call_id=tc.tool_call_id)
+    Run.objects.filter(id=run.id).update(status=RunStatus.SUSPENDED)
+    with pytest.raises(AlreadyDecided) as err:
+        services.tool_call_decline(run=run, actor=reviewer2, tool_call_id=tc.tool_call_id)
+    assert "approved by rita" in err.value.detail
+
+
+def test_several_waiting_calls_are_decided_separately(drain, reviewer, register_agent) -> None:
+    from runs.agents.refund import issue_refund
+    from runs.engine import Agent, FinalAnswer, ProposedCall, ScriptedModel, ToolCalls
+
+    def script(state):
+        if len(state.results) == 2:
+            return FinalAnswer(output=[r.result for r in state.results])
+        return ToolCalls(
+            [
+                ProposedCall("issue_refund", {"order_id": "a", "amount": 1}, id="c1"),
+                ProposedCall("issue_refund", {"order_id": "b", "amount": 2}, id="c2"),
+            ]
+        )
+
+    register_agent(Agent(id="double", tools=[issue_refund], model=ScriptedModel(script)))
+    run = services.run_create(agent_id="double", thread_id=None, input={}, actor="t")
+    drain()
+    page = selectors.suspended_runs_for_agent(agent_id="double")
+    assert [tc.tool_call_id for tc in page.items[0].waiting_tool_calls] == ["c1", "c2"]
+    with pytest.raises(Conflict) as err:
+        services.tool_call_approve(run=run, actor=reviewer)
+    assert err.value.extra["pending_tool_call_ids"] == ["c1", "c2"]
+    services.tool_call_approve(run=run, actor=reviewer, tool_call_id="c1")
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUSPENDED  # c2 still waits
+    services.tool_call_decline(run=run, actor=reviewer, tool_call_id="c2", reason="no")
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS
+    assert run.output[0]["refunded"] is True and run.output[1] == {"declined": True, "reason": "no"}
+
+
+def _support_run(drain):
+    run = services.run_create(
+        agent_id="support",
+        thread_id=make_thread().id,
+        input={"message": "charged twice", "order_id": "A-9", "amount": 40.0},
+        actor="t",
+    )
+    drain()
+    run.refresh_from_db()
+    child = Run.objects.get(parent_run=run)
+    return run, child
+
+
+def test_a_sub_agent_suspension_suspends_the_supervisor_on_the_delegation_call(drain) -> None:
+    run, child = _support_run(drain)
+    assert run.status == child.status == RunStatus.SUSPENDED
+    outer = selectors.suspended_runs_for_agent(agent_id="support")
+    inner = selectors.suspended_runs_for_agent(agent_id="billing")
+    assert [r.id for r in outer.items] == [run.id]
+    assert [r.id for r in inner.items] == [child.id]
+    delegation = outer.items[0].waiting_tool_calls[0]
+    assert delegation.tool_name == "ask_billing" and delegation.requires_approval
+    assert delegation.suspend_payload["tool_calls"][0]["tool_name"] == "issue_refund"
+    assert inner.items[0].waiting_tool_calls[0].tool_name == "issue_refund"
+
+
+def test_deciding_the_supervisor_carries_down_to_the_sub_agent(drain, reviewer) -> None:
+    run, child = _support_run(drain)
+    services.tool_call_approve(run=run, actor=reviewer, args={"order_id": "A-9", "amount": 30.0})
+    drain()
+    run.refresh_from_db()
+    child.refresh_from_db()
+    assert run.status == child.status == RunStatus.SUCCESS
+    assert child.output == {"refunded": True, "order_id": "A-9", "amount": 30.0}
+    assert run.output["billing"] == child.output
+
+
+def test_deciding_the_sub_agent_directly_releases_the_supervisor(drain, reviewer) -> None:
+    run, child = _support_run(drain)
+    services.tool_call_decline(run=child, actor=reviewer, reason="fraud suspected")
+    run.refresh_from_db()
+    assert run.status == RunStatus.PENDING
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS
+    assert run.output["billing"] == {"refunded": False, "reason": "fraud suspected"}
+
+
+# --- thread resume (LangGraph command.resume) -----------------------------------------------------
+
+
+def test_thread_resume_approves_the_waiting_call(drain, reviewer) -> None:
+    thread = make_thread()
+    run = suspended_refund(drain, thread)
+    resumed = services.thread_resume(thread=thread, resume={"approved": True}, actor=reviewer)
+    assert resumed.id == run.id and resumed.status == RunStatus.PENDING
+
+
+def test_thread_resume_without_a_suspended_run_conflicts() -> None:
+    with pytest.raises(Conflict) as err:
+        services.thread_resume(thread=make_thread(), resume={"approved": True}, actor="t")
+    assert err.value.code == "nothing_to_resume"
+
+
+def test_thread_resume_validates_the_approval_value(drain) -> None:
+    thread = make_thread()
+    suspended_refund(drain, thread)
+    with pytest.raises(ValidationFailed):
+        services.thread_resume(thread=thread, resume="yes", actor="t")
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+
+def test_unknown_ids_are_not_found() -> None:
+    import uuid
+
+    ghost = Run(id=uuid.uuid4(), agent_id="echo")
+    with pytest.raises(NotFound):
+        services.run_cancel(run=ghost, action="interrupt", actor="t")
+    with pytest.raises(NotFound):
+        services.tool_call_approve(run=ghost, actor="t")
+    with pytest.raises(NotFound):
+        services.run_create(agent_id="nope", thread_id=None, input={}, actor="t")
+    with pytest.raises(NotFound):
+        services.run_create(agent_id="echo", thread_id=uuid.uuid4(), input={}, actor="t")
+    assert not Run.objects.exists()
+
+
+def test_wrong_states_and_values_are_refused(drain, reviewer) -> None:
+    run = services.run_create(agent_id="echo", thread_id=None, input=1, actor="t")
+    with pytest.raises(ValidationFailed):
+        services.run_cancel(run=run, action="explode", actor="t")
+    with pytest.raises(Conflict) as err:
+        services.tool_call_approve(run=run, actor=reviewer)
+    assert "pending, not suspended" in err.value.detail
+    with pytest.raises(ValidationFailed):
+        services.run_create(agent_id="refund", thread_id=None, input={"order_id": "x"}, actor="t")
+    with pytest.raises(ValidationFailed):
+        services.run_create(
+            agent_id="echo", thread_id=None, input=1, multitask_strategy="yolo", actor="t"
+        )
+    suspended = suspended_refund(drain)
+    with pytest.raises(ValidationFailed) as err:
+        services.tool_call_approve(
+            run=suspended, actor=reviewer, args={"order_id": "A-1", "amount": -5}
+        )
+    assert err.value.errors[0]["field"] == "args.amount"
+    with pytest.raises(NotFound):
+        services.tool_call_approve(run=suspended, actor=reviewer, tool_call_id="nope")
+    assert Run.objects.get(id=suspended.id).status == RunStatus.SUSPENDED
+    assert not AuditEntry.objects.exists()
+
+
+def test_pinned_resource_hides_other_threads(drain) -> None:
+    other = make_thread(resource_id="globex")
+    run = services.run_create(agent_id="echo", thread_id=other.id, input=1, actor="t")
+    with pytest.raises(NotFound):
+        services.run_cancel(run=run, action="interrupt", actor="k", pinned_resource_id="acme")
+    with pytest.raises(NotFound):
+        services.run_create(
+            agent_id="echo", thread_id=other.id, input=1, actor="k", pinned_resource_id="acme"
+        )
+    mine = services.thread_create(metadata={"resource_id": "evil"}, pinned_resource_id="acme")
+    assert mine.resource_id == "acme"
