@@ -6,7 +6,9 @@ command serves everything on the SQLite default.
 
 from __future__ import annotations
 
+import asyncio
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -18,9 +20,10 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from runs import live  # noqa: E402
 from runs.routing import websocket_urlpatterns  # noqa: E402
 
-application = ProtocolTypeRouter(
+_router = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": AllowedHostsOriginValidator(
@@ -28,6 +31,13 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+
+async def application(scope: dict, receive: Any, send: Any) -> None:
+    # Publishes from worker threads must reach the in-memory channel layer on this loop.
+    live.bind_server_loop(asyncio.get_running_loop())
+    await _router(scope, receive, send)
+
 
 if settings.RUNS_EMBEDDED_WORKER:
     from runs.engine.worker import start_embedded_worker
