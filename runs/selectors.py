@@ -432,3 +432,123 @@ def active_run_ids(run_ids: list[UUID]) -> list[UUID]:
     return list(
         Run.objects.filter(id__in=run_ids, status__in=ACTIVE_STATUSES).values_list("id", flat=True)
     )
+
+
+# --- JSON API: keys, streams, LangGraph-shaped reads ------------------------------------------
+
+
+def api_key_for_raw(raw: str) -> Any:
+    """The active ApiKey whose hash matches `raw`, or None (revoked and unknown keys alike)."""
+    from runs.models import ApiKey
+
+    if not raw:
+        return None
+    return ApiKey.objects.filter(key_hash=ApiKey.hash_key(raw), revoked_at__isnull=True).first()
+
+
+def run_stream_state(
+    run_id: UUID, *, after: int = 0, limit: int = 200
+) -> tuple[str | None, int, list[RunEvent]]:
+    """(status, attempt, events after `after`) of a run; status None once it was deleted.
+
+    The status is read before the events: a status and the events that led to it commit in one
+    transaction, so a stopped status read first guarantees its final events are in the batch.
+    """
+    row = Run.objects.filter(id=run_id).values_list("status", "attempt").first()
+    if row is None:
+        return None, 0, []
+    if not limit:
+        return row[0], row[1], []
+    events = list(RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[:limit])
+    return row[0], row[1], events
+
+
+def interrupts_of(tool_calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """LangGraph interrupts ({"id", "value"}) for waiting tool calls."""
+    from runs.services import _interrupt_of
+
+    return [
+        _interrupt_of(
+            {
+                "tool_call_id": tc.tool_call_id,
+                "status": tc.status,
+                "tool_name": tc.tool_name,
+                "args": tc.args,
+                "suspend_payload": tc.suspend_payload,
+                "resume_schema": tc.resume_schema,
+            }
+        )
+        for tc in tool_calls
+    ]
+
+
+def threads_interrupts(thread_ids: list[UUID]) -> dict[UUID, dict[str, list[dict[str, Any]]]]:
+    """{thread_id: {run_id: [interrupt, …]}} for threads whose top-level run is suspended."""
+    by_thread: dict[UUID, dict[str, list[ToolCall]]] = {}
+    calls = ToolCall.objects.filter(
+        run__thread_id__in=thread_ids,
+        run__status=RunStatus.SUSPENDED,
+        run__parent_run__isnull=True,
+        status__in=PENDING_DECISION_STATUSES,
+    ).select_related("run")
+    for tc in calls.order_by("created_at", "id"):
+        by_thread.setdefault(tc.run.thread_id, {}).setdefault(str(tc.run_id), []).append(tc)
+    return {
+        tid: {rid: interrupts_of(tcs) for rid, tcs in runs.items()}
+        for tid, runs in by_thread.items()
+    }
+
+
+def run_result(run_id: UUID, *, thread_id: UUID | None = None) -> Any:
+    """The value LangGraph's /wait and /join end with, for a run that stopped.
+
+    Suspended: {"__interrupt__": [...]}; error/timeout: {"__error__": {...}}; otherwise the last
+    state values of the run (a rolled-back run: the thread's reverted values).
+    """
+    run = Run.objects.filter(id=run_id).first()
+    if run is None:
+        values = None
+        if thread_id is not None:
+            values = Thread.objects.filter(id=thread_id).values_list("values", flat=True).first()
+        return values or {}
+    if run.status == RunStatus.SUSPENDED:
+        waiting = list(
+            run.tool_calls.filter(status__in=PENDING_DECISION_STATUSES).order_by("created_at", "id")
+        )
+        return {"__interrupt__": interrupts_of(waiting)}
+    if run.status in (RunStatus.ERROR, RunStatus.TIMEOUT):
+        return {"__error__": run.error or {"error": "Error", "message": f"run ended {run.status}"}}
+    checkpoint = latest_checkpoint(run_id=run.id)
+    if checkpoint is not None:
+        return checkpoint.values
+    if run.thread_id is not None:
+        values = Thread.objects.filter(id=run.thread_id).values_list("values", flat=True).first()
+        return values or {}
+    return {}
+
+
+def thread_checkpoint(thread: Thread, checkpoint_id: UUID) -> Checkpoint:
+    checkpoint = Checkpoint.objects.filter(thread_id=thread.id, id=checkpoint_id).first()
+    if checkpoint is None:
+        raise NotFound(
+            f"Checkpoint {checkpoint_id} not found on thread {thread.id}",
+            code="checkpoint_not_found",
+        )
+    return checkpoint
+
+
+@dataclass
+class RunDetail:
+    run: Run
+    tool_calls: list[ToolCall]
+    checkpoint: Checkpoint | None
+
+
+def run_detail(run_id: UUID, *, pinned_resource_id: str | None = None) -> RunDetail:
+    """A run with all its tool calls and its latest checkpoint (the review API's run view)."""
+    run = run_get(run_id, pinned_resource_id=pinned_resource_id)
+    return RunDetail(
+        run=run,
+        tool_calls=list(run.tool_calls.order_by("step", "created_at", "id")),
+        checkpoint=latest_checkpoint(run_id=run.id),
+    )

@@ -6,19 +6,32 @@ from ninja import NinjaAPI
 
 
 def build_api() -> NinjaAPI:
+    from runs.api.auth import api_key_auth
     from runs.api.errors import install_error_handlers
+    from runs.api.langgraph import assistants, runs, threads
+    from runs.api.review import review
 
     api = NinjaAPI(
         title="Runsite API",
         version="1.0.0",
-        description="LangGraph-compatible threads and runs, plus the suspended-run review API.",
+        description=(
+            "LangGraph-compatible threads and runs (langgraph_sdk works against it), plus the "
+            "suspended-run review API. Send the API key in the `x-api-key` header."
+        ),
         urls_namespace="api",
         docs_url="/docs",
+        auth=api_key_auth,
     )
     install_error_handlers(api)
 
-    @api.get("/ok", tags=["meta"], summary="Liveness of the API")
+    @api.get("/ok", tags=["meta"], summary="Liveness of the API", auth=None)
     def ok(request):
         return {"ok": True}
 
+    # Order matters: the LangGraph routers register literal paths (/runs/stream, /runs/cancel)
+    # that must resolve before the review API's /runs/{run_id}.
+    api.add_router("", assistants)
+    api.add_router("", threads)
+    api.add_router("", runs)
+    api.add_router("", review)
     return api

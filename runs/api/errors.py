@@ -24,6 +24,15 @@ def _location(loc: Any) -> str:
     return ".".join(parts) or "body"
 
 
+def _invalid_path_id(errors: list[dict[str, Any]]) -> str | None:
+    """'thread' for a malformed {thread_id} in the path (LangGraph's 'Invalid thread ID')."""
+    for e in errors:
+        loc = e.get("loc") or ()
+        if len(loc) >= 2 and loc[0] == "path" and str(e.get("type", "")).startswith("uuid"):
+            return str(loc[-1]).removesuffix("_id")
+    return None
+
+
 def install_error_handlers(api: NinjaAPI) -> None:
     @api.exception_handler(RunsError)
     def runs_error(request: HttpRequest, exc: RunsError) -> HttpResponse:
@@ -33,6 +42,17 @@ def install_error_handlers(api: NinjaAPI) -> None:
 
     @api.exception_handler(ValidationError)
     def validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+        bad_id = _invalid_path_id(exc.errors)
+        if bad_id is not None:
+            return api.create_response(
+                request,
+                _error_body(
+                    f"Invalid {bad_id} ID: must be a UUID",
+                    "invalid_id",
+                    errors=[{"field": f"{bad_id}_id", "message": "must be a UUID"}],
+                ),
+                status=422,
+            )
         errors = [
             {"field": _location(e.get("loc")), "message": str(e.get("msg", "invalid"))}
             for e in exc.errors
@@ -58,6 +78,14 @@ def install_error_handlers(api: NinjaAPI) -> None:
 
     @api.exception_handler(HttpError)
     def http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+        if exc.status_code == 400 and str(exc).startswith("Cannot parse request body"):
+            # ninja's body parser failed: the body is not JSON. A 422 with the parser's reason.
+            reason = str(exc.__cause__) if exc.__cause__ else "not valid JSON"
+            return api.create_response(
+                request,
+                _error_body(f"Malformed JSON body: {reason}", "invalid_json"),
+                status=422,
+            )
         return api.create_response(
             request, _error_body(str(exc), "http_error"), status=exc.status_code
         )

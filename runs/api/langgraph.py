@@ -1,0 +1,566 @@
+"""The LangGraph-compatible surface: assistants, threads, runs (what langgraph_sdk calls).
+
+Literal paths (/threads/search, /runs/stream, /runs/cancel, …) are registered before the
+parameterised ones: Django resolves the first matching pattern and ninja then dispatches by
+method, so `/threads/{thread_id}` first would answer POST /threads/search with 405.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.http import HttpRequest, HttpResponse
+from ninja import Query, Router
+
+from runs import selectors, services
+from runs.api import presenters as p
+from runs.api import streaming
+from runs.api.auth import Caller, caller_of
+from runs.api.schemas import (
+    AssistantOut,
+    AssistantSchemasOut,
+    AssistantSearchIn,
+    GraphOut,
+    HistoryIn,
+    RunCreateIn,
+    RunOut,
+    RunsCancelIn,
+    ThreadCountIn,
+    ThreadCreateIn,
+    ThreadOut,
+    ThreadPatchIn,
+    ThreadSearchIn,
+    ThreadStateOut,
+    ThreadStateUpdateIn,
+    ThreadStateUpdateOut,
+    errors,
+)
+from runs.engine.registry import all_agents
+from runs.exceptions import NotFound
+from runs.models import Run
+
+assistants = Router(tags=["assistants"])
+threads = Router(tags=["threads"])
+runs = Router(tags=["runs"])
+
+SSE_200 = {
+    "responses": {
+        "200": {
+            "description": "Server-sent events: metadata, values/updates/custom/…, end",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        }
+    }
+}
+JSON_BODY_200 = {
+    "responses": {
+        "200": {
+            "description": "Newline keep-alives, then one JSON value: the final state values, "
+            '{"__interrupt__": [...]} for a suspended run, or {"__error__": {...}}',
+            "content": {"application/json": {"schema": {}}},
+        }
+    }
+}
+
+
+# --- assistants ------------------------------------------------------------------------------
+
+
+def _agent_or_404(assistant_id: str) -> Any:
+    agent = p.find_agent(assistant_id)
+    if agent is None:
+        raise NotFound(f"Assistant {assistant_id} not found", code="assistant_not_found")
+    return agent
+
+
+@assistants.post("/assistants/search", response={200: list[AssistantOut], **errors()})
+def search_assistants(request: HttpRequest, payload: AssistantSearchIn, response: HttpResponse):
+    rows = [p.assistant_out(a) for a in all_agents().values()]
+    if payload.graph_id:
+        rows = [r for r in rows if r["graph_id"] == payload.graph_id]
+    if payload.name:
+        rows = [r for r in rows if payload.name.lower() in r["name"].lower()]
+    if payload.metadata:
+        rows = [
+            r for r in rows if all(r["metadata"].get(k) == v for k, v in payload.metadata.items())
+        ]
+    rows.sort(
+        key=lambda r: str(r[payload.sort_by or "created_at"]),
+        reverse=(payload.sort_order or "desc") == "desc",
+    )
+    page = rows[payload.offset : payload.offset + payload.limit]
+    response["X-Pagination-Total"] = str(len(rows))
+    if payload.offset + payload.limit < len(rows):
+        response["X-Pagination-Next"] = str(payload.offset + payload.limit)
+    return page
+
+
+@assistants.get("/assistants/{assistant_id}", response={200: AssistantOut, **errors(404)})
+def get_assistant(request: HttpRequest, assistant_id: str):
+    return p.assistant_out(_agent_or_404(assistant_id))
+
+
+@assistants.get(
+    "/assistants/{assistant_id}/schemas", response={200: AssistantSchemasOut, **errors(404)}
+)
+def get_assistant_schemas(request: HttpRequest, assistant_id: str):
+    agent = _agent_or_404(assistant_id)
+    return {
+        "graph_id": agent.id,
+        "input_schema": agent.input_schema,
+        "output_schema": agent.output_schema,
+        "state_schema": {
+            "type": "object",
+            "properties": {"messages": {"type": "array"}, "output": {}},
+        },
+        "config_schema": None,
+        "context_schema": None,
+    }
+
+
+@assistants.get("/assistants/{assistant_id}/graph", response={200: GraphOut, **errors(404)})
+def get_assistant_graph(request: HttpRequest, assistant_id: str, xray: bool = False):
+    _agent_or_404(assistant_id)
+    nodes = [{"id": n, "type": "runnable", "data": n} for n in ("__start__", "agent", "tools")]
+    nodes.append({"id": "__end__", "type": "runnable", "data": "__end__"})
+    edges = [
+        {"source": "__start__", "target": "agent", "conditional": False},
+        {"source": "agent", "target": "tools", "conditional": True},
+        {"source": "agent", "target": "__end__", "conditional": True},
+        {"source": "tools", "target": "agent", "conditional": False},
+    ]
+    return {"nodes": nodes, "edges": edges}
+
+
+# --- threads ---------------------------------------------------------------------------------
+
+
+@threads.post("/threads", response={200: ThreadOut, **errors(409)})
+def create_thread(request: HttpRequest, payload: ThreadCreateIn):
+    caller = caller_of(request)
+    thread = services.thread_create(
+        metadata=payload.metadata,
+        thread_id=payload.thread_id,
+        if_exists=payload.if_exists or "raise",
+        pinned_resource_id=caller.pinned_resource_id,
+    )
+    return p.thread_with_interrupts(thread)
+
+
+@threads.post("/threads/search", response={200: list[ThreadOut], **errors()})
+def search_threads(request: HttpRequest, payload: ThreadSearchIn, response: HttpResponse):
+    caller = caller_of(request)
+    page = selectors.threads_search(
+        metadata=payload.metadata,
+        values=payload.values,
+        status=payload.status,
+        ids=payload.ids,
+        limit=payload.limit,
+        offset=payload.offset,
+        sort_by=payload.sort_by,
+        sort_order=payload.sort_order,
+        pinned_resource_id=caller.pinned_resource_id,
+    )
+    interrupted = [t.id for t in page.items if t.status == "interrupted"]
+    interrupts = selectors.threads_interrupts(interrupted) if interrupted else {}
+    response["X-Pagination-Total"] = str(page.total)
+    if payload.offset + len(page.items) < page.total:
+        response["X-Pagination-Next"] = str(payload.offset + len(page.items))
+    return [p.thread_out(t, interrupts.get(t.id)) for t in page.items]
+
+
+@threads.post("/threads/count", response={200: int, **errors()})
+def count_threads(request: HttpRequest, payload: ThreadCountIn):
+    caller = caller_of(request)
+    page = selectors.threads_search(
+        metadata=payload.metadata,
+        values=payload.values,
+        status=payload.status,
+        limit=0,
+        pinned_resource_id=caller.pinned_resource_id,
+    )
+    return page.total
+
+
+@threads.get("/threads/{thread_id}", response={200: ThreadOut, **errors(404)})
+def get_thread(request: HttpRequest, thread_id: UUID, include: str | None = None):
+    caller = caller_of(request)
+    thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
+    return p.thread_with_interrupts(thread)
+
+
+@threads.patch("/threads/{thread_id}", response={200: ThreadOut, 204: None, **errors(404)})
+def patch_thread(request: HttpRequest, thread_id: UUID, payload: ThreadPatchIn):
+    caller = caller_of(request)
+    thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
+    thread = services.thread_update(thread=thread, metadata=payload.metadata)
+    if "return=minimal" in request.headers.get("Prefer", ""):
+        return 204, None
+    return p.thread_with_interrupts(thread)
+
+
+@threads.delete("/threads/{thread_id}", response={204: None, **errors(404)})
+def delete_thread(request: HttpRequest, thread_id: UUID):
+    caller = caller_of(request)
+    thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
+    services.thread_delete(thread=thread, actor=caller.actor)
+    return 204, None
+
+
+def _state_of(thread: Any) -> dict[str, Any]:
+    checkpoint = selectors.latest_checkpoint(thread_id=thread.id)
+    interrupts = {}
+    if thread.status == "interrupted":
+        interrupts = selectors.threads_interrupts([thread.id]).get(thread.id, {})
+    return p.state_out(thread, checkpoint, interrupts)
+
+
+@threads.get("/threads/{thread_id}/state", response={200: ThreadStateOut, **errors(404)})
+def get_thread_state(request: HttpRequest, thread_id: UUID, subgraphs: bool = False):
+    caller = caller_of(request)
+    thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
+    return _state_of(thread)
+
+
+@threads.post(
+    "/threads/{thread_id}/state", response={200: ThreadStateUpdateOut, **errors(404, 409)}
+)
+def update_thread_state(request: HttpRequest, thread_id: UUID, payload: ThreadStateUpdateIn):
+    caller = caller_of(request)
+    thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
+    checkpoint = services.thread_update_state(
+        thread=thread, values=payload.values, actor=caller.actor
+    )
+    ref = {"thread_id": thread.id, "checkpoint_ns": "", "checkpoint_id": checkpoint.id}
+    return {"checkpoint": ref, "configurable": ref, "checkpoint_id": checkpoint.id}
+
+
+@threads.get(
+    "/threads/{thread_id}/state/{checkpoint_id}",
+    response={200: ThreadStateOut, **errors(404)},
+)
+def get_thread_state_at(
+    request: HttpRequest, thread_id: UUID, checkpoint_id: UUID, subgraphs: bool = False
+):
+    caller = caller_of(request)
+    thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
+    return p.state_out(thread, selectors.thread_checkpoint(thread, checkpoint_id))
+
+
+def _history(caller: Caller, thread_id: UUID, limit: int, before: Any) -> list[dict[str, Any]]:
+    thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
+    before_id = p.checkpoint_id_from(before)
+    checkpoints = selectors.thread_history(thread, limit=limit, before=before_id)
+    interrupts = {}
+    if thread.status == "interrupted" and before_id is None:
+        interrupts = selectors.threads_interrupts([thread.id]).get(thread.id, {})
+    # Only the newest checkpoint is waiting on a human; older ones are plain history.
+    return [
+        p.state_out(thread, cp, interrupts if i == 0 else None) for i, cp in enumerate(checkpoints)
+    ]
+
+
+@threads.get("/threads/{thread_id}/history", response={200: list[ThreadStateOut], **errors(404)})
+def get_thread_history(
+    request: HttpRequest, thread_id: UUID, limit: int = 10, before: str | None = None
+):
+    return _history(caller_of(request), thread_id, max(1, min(limit, 1000)), before)
+
+
+@threads.post("/threads/{thread_id}/history", response={200: list[ThreadStateOut], **errors(404)})
+def post_thread_history(request: HttpRequest, thread_id: UUID, payload: HistoryIn):
+    return _history(caller_of(request), thread_id, payload.limit, payload.before)
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+KWARG_FIELDS = (
+    "config",
+    "context",
+    "stream_subgraphs",
+    "stream_resumable",
+    "interrupt_before",
+    "interrupt_after",
+    "feedback_keys",
+    "webhook",
+    "checkpoint",
+    "checkpoint_id",
+    "on_disconnect",
+    "on_completion",
+    "durability",
+)
+
+
+def _create_run(
+    caller: Caller, payload: RunCreateIn, thread_id: UUID | None, stream_mode: list[str]
+) -> Run:
+    agent_id = p.agent_id_for_run(payload.assistant_id)
+    kwargs = {k: v for k in KWARG_FIELDS if (v := getattr(payload, k)) is not None}
+    kwargs["stream_mode"] = stream_mode
+    if payload.command:
+        kwargs["command"] = payload.command
+    return services.run_create(
+        agent_id=agent_id,
+        actor=caller.actor,
+        thread_id=thread_id,
+        input=payload.input,
+        command=payload.command or None,  # when both are given, command wins (LangGraph)
+        metadata=payload.metadata,
+        kwargs=kwargs,
+        multitask_strategy=payload.multitask_strategy or "enqueue",
+        if_not_exists=payload.if_not_exists or "reject",
+        after_seconds=payload.after_seconds,
+        pinned_resource_id=caller.pinned_resource_id,
+    )
+
+
+def _run_paths(run: Run) -> tuple[str, str]:
+    base = f"/threads/{run.thread_id}/runs/{run.id}"
+    return base, base
+
+
+def _start_after(run: Run, payload: RunCreateIn) -> int:
+    # A resumed run streams from the decision on; a new run from its first event.
+    return run.last_seq if payload.command else 0
+
+
+async def _stream_new_run(
+    request: HttpRequest, payload: RunCreateIn, thread_id: UUID | None
+) -> HttpResponse:
+    caller = caller_of(request)
+    modes = streaming.parse_stream_modes(payload.stream_mode) or ["values"]
+    run = await streaming.db(_create_run, caller, payload, thread_id, modes)
+    base, _ = _run_paths(run)
+    body = streaming.sse_events(
+        run.id,
+        modes=modes,
+        after=_start_after(run, payload),
+        attempt=run.attempt,
+        cancel_on_disconnect="on_disconnect=cancel" if payload.on_disconnect == "cancel" else None,
+        actor=caller.actor,
+    )
+    return streaming.sse_response(body, {"Location": f"{base}/stream", "Content-Location": base})
+
+
+async def _wait_new_run(
+    request: HttpRequest, payload: RunCreateIn, thread_id: UUID | None
+) -> HttpResponse:
+    caller = caller_of(request)
+    modes = streaming.parse_stream_modes(payload.stream_mode) or ["values"]
+    run = await streaming.db(_create_run, caller, payload, thread_id, modes)
+    base, _ = _run_paths(run)
+    body = streaming.result_body(
+        run.id,
+        thread_id=run.thread_id,
+        cancel_on_disconnect="on_disconnect=cancel" if payload.on_disconnect == "cancel" else None,
+        actor=caller.actor,
+    )
+    return streaming.json_stream_response(
+        body, {"Location": f"{base}/join", "Content-Location": base}
+    )
+
+
+# Stateless runs (a temporary thread is created for each).
+
+
+@runs.post("/runs/stream", response=errors(404, 409), openapi_extra=SSE_200)
+async def stream_stateless_run(request: HttpRequest, payload: RunCreateIn):
+    return await _stream_new_run(request, payload, None)
+
+
+@runs.post("/runs/wait", response=errors(404, 409), openapi_extra=JSON_BODY_200)
+async def wait_stateless_run(request: HttpRequest, payload: RunCreateIn):
+    return await _wait_new_run(request, payload, None)
+
+
+@runs.post("/runs/batch", response={200: list[RunOut], **errors(404, 409)})
+def create_runs_batch(request: HttpRequest, payload: list[RunCreateIn]):
+    caller = caller_of(request)
+    if not payload:
+        from runs.exceptions import ValidationFailed
+
+        raise ValidationFailed(
+            "a batch needs at least one run", errors=[{"field": "body", "message": "empty"}]
+        )
+    return [
+        p.run_out(_create_run(caller, item, None, streaming.parse_stream_modes(item.stream_mode)))
+        for item in payload
+    ]
+
+
+@runs.post("/runs/cancel", response={204: None, **errors(404)})
+def cancel_runs(request: HttpRequest, payload: RunsCancelIn, action: str | None = None):
+    caller = caller_of(request)
+    services.runs_cancel_many(
+        action="rollback" if action == "rollback" else "interrupt",
+        actor=caller.actor,
+        run_ids=payload.run_ids,
+        thread_id=payload.thread_id,
+        status=payload.status,
+        pinned_resource_id=caller.pinned_resource_id,
+    )
+    return 204, None
+
+
+@runs.post("/runs", response={200: RunOut, **errors(404, 409)})
+def create_stateless_run(request: HttpRequest, payload: RunCreateIn, response: HttpResponse):
+    caller = caller_of(request)
+    modes = streaming.parse_stream_modes(payload.stream_mode) or ["values"]
+    run = _create_run(caller, payload, None, modes)
+    response["Content-Location"] = _run_paths(run)[0]
+    return p.run_out(run)
+
+
+# Stateful runs.
+
+
+@runs.post("/threads/{thread_id}/runs/stream", response=errors(404, 409), openapi_extra=SSE_200)
+async def stream_run(request: HttpRequest, thread_id: UUID, payload: RunCreateIn):
+    return await _stream_new_run(request, payload, thread_id)
+
+
+@runs.post("/threads/{thread_id}/runs/wait", response=errors(404, 409), openapi_extra=JSON_BODY_200)
+async def wait_run(request: HttpRequest, thread_id: UUID, payload: RunCreateIn):
+    return await _wait_new_run(request, payload, thread_id)
+
+
+@runs.post("/threads/{thread_id}/runs", response={200: RunOut, **errors(404, 409)})
+def create_run(request: HttpRequest, thread_id: UUID, payload: RunCreateIn, response: HttpResponse):
+    caller = caller_of(request)
+    modes = streaming.parse_stream_modes(payload.stream_mode) or ["values"]
+    run = _create_run(caller, payload, thread_id, modes)
+    response["Content-Location"] = _run_paths(run)[0]
+    return p.run_out(run)
+
+
+@runs.get("/threads/{thread_id}/runs", response={200: list[RunOut], **errors(404)})
+def list_runs(
+    request: HttpRequest,
+    thread_id: UUID,
+    limit: int = 10,
+    offset: int = 0,
+    status: str | None = None,
+    select: list[str] | None = Query(None),  # noqa: B008 - ninja's way to declare a query list
+):
+    caller = caller_of(request)
+    thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
+    items = selectors.thread_runs(
+        thread, limit=max(1, min(limit, 1000)), offset=max(0, offset), status=status
+    )
+    return [p.run_out(r) for r in items]
+
+
+@runs.get("/threads/{thread_id}/runs/{run_id}", response={200: RunOut, **errors(404)})
+def get_run(request: HttpRequest, thread_id: UUID, run_id: UUID):
+    caller = caller_of(request)
+    run = selectors.run_get(
+        run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
+    )
+    return p.run_out(run)
+
+
+@runs.delete("/threads/{thread_id}/runs/{run_id}", response={204: None, **errors(404, 409)})
+def delete_run(request: HttpRequest, thread_id: UUID, run_id: UUID):
+    caller = caller_of(request)
+    run = selectors.run_get(
+        run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
+    )
+    services.run_delete(run=run, actor=caller.actor, pinned_resource_id=caller.pinned_resource_id)
+    return 204, None
+
+
+@runs.get(
+    "/threads/{thread_id}/runs/{run_id}/join",
+    response=errors(404),
+    openapi_extra=JSON_BODY_200,
+)
+async def join_run(
+    request: HttpRequest, thread_id: UUID, run_id: UUID, cancel_on_disconnect: str | None = None
+):
+    caller = caller_of(request)
+    run = await streaming.db(
+        selectors.run_get, run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
+    )
+    base, _ = _run_paths(run)
+    body = streaming.result_body(
+        run.id,
+        thread_id=run.thread_id,
+        cancel_on_disconnect="cancel_on_disconnect" if p.as_bool(cancel_on_disconnect) else None,
+        actor=caller.actor,
+    )
+    return streaming.json_stream_response(
+        body, {"Location": f"{base}/join", "Content-Location": base}
+    )
+
+
+def _last_event_id(request: HttpRequest, run: Run) -> int:
+    """Where a joined stream starts: after Last-Event-ID (-1 = from the start), else live."""
+    raw = request.headers.get("Last-Event-ID")
+    if raw is None or not raw.strip():
+        return run.last_seq
+    try:
+        return max(0, int(raw.strip().rsplit("_", 1)[-1]))
+    except ValueError:
+        return 0
+
+
+@runs.get("/threads/{thread_id}/runs/{run_id}/stream", response=errors(404), openapi_extra=SSE_200)
+async def join_run_stream(
+    request: HttpRequest,
+    thread_id: UUID,
+    run_id: UUID,
+    cancel_on_disconnect: str | None = None,
+    stream_mode: list[str] | None = Query(None),  # noqa: B008
+):
+    caller = caller_of(request)
+    modes = streaming.parse_stream_modes(request.GET.getlist("stream_mode"))
+    run = await streaming.db(
+        selectors.run_get, run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
+    )
+    if not modes:
+        modes = streaming.parse_stream_modes((run.kwargs or {}).get("stream_mode")) or ["values"]
+    base, _ = _run_paths(run)
+    body = streaming.sse_events(
+        run.id,
+        modes=modes,
+        after=_last_event_id(request, run),
+        attempt=run.attempt,
+        cancel_on_disconnect="cancel_on_disconnect" if p.as_bool(cancel_on_disconnect) else None,
+        actor=caller.actor,
+    )
+    return streaming.sse_response(body, {"Location": f"{base}/stream", "Content-Location": base})
+
+
+def _cancel(caller: Caller, thread_id: UUID, run_id: UUID, action: str) -> Run:
+    run = selectors.run_get(
+        run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
+    )
+    services.run_cancel(
+        run=run, action=action, actor=caller.actor, pinned_resource_id=caller.pinned_resource_id
+    )
+    return run
+
+
+@runs.post(
+    "/threads/{thread_id}/runs/{run_id}/cancel",
+    response={202: None, **errors(404, 409)},
+    openapi_extra=JSON_BODY_200,
+)
+async def cancel_run(
+    request: HttpRequest,
+    thread_id: UUID,
+    run_id: UUID,
+    wait: str | None = None,
+    action: str | None = None,
+):
+    caller = caller_of(request)
+    # LangGraph turns any other action into interrupt; an absent wait means no wait.
+    action = "rollback" if action == "rollback" else "interrupt"
+    run = await streaming.db(_cancel, caller, thread_id, run_id, action)
+    if not p.as_bool(wait):
+        return HttpResponse(status=202)
+    base, _ = _run_paths(run)
+    body = streaming.result_body(run.id, thread_id=run.thread_id, actor=caller.actor)
+    return streaming.json_stream_response(
+        body, {"Location": f"{base}/join", "Content-Location": base}
+    )

@@ -1,0 +1,338 @@
+"""Following a run over HTTP: LangGraph's SSE frames and the `/wait`/`/join` JSON body.
+
+The run's events in the database (RunEvent, ordered by seq) are the truth. A channel-layer
+message on `run.<id>` (runs/live.py) only wakes the follower early; without one it re-reads the
+database every POLL_SECONDS, so a lost message costs latency, never correctness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from uuid import UUID
+
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.db import close_old_connections
+from django.http import StreamingHttpResponse
+
+from runs import live, selectors, services
+from runs.exceptions import RunsError
+from runs.models import RunEvent, RunStatus
+
+logger = logging.getLogger("runs.api")
+
+HEARTBEAT_SECONDS = 5.0
+POLL_SECONDS = 0.5
+STOPPED = {
+    RunStatus.SUCCESS,
+    RunStatus.ERROR,
+    RunStatus.TIMEOUT,
+    RunStatus.INTERRUPTED,
+    RunStatus.SUSPENDED,
+}
+STREAM_MODES = (
+    "values",
+    "updates",
+    "custom",
+    "messages",
+    "messages-tuple",
+    "debug",
+    "events",
+    "tasks",
+    "checkpoints",
+)
+DISCONNECT_REASON = "client disconnected from the run stream ({})"
+
+
+async def db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a database call off the event loop and hand its connection back right after.
+
+    thread_sensitive=False: a long stream must not pin a thread (or a pooled connection) for
+    its whole life, only for each short read.
+    """
+
+    def call() -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return await sync_to_async(call, thread_sensitive=False)()
+
+
+class _Heartbeat:
+    pass
+
+
+HEARTBEAT = _Heartbeat()
+
+
+class RunFollower:
+    """Yields a run's events after `after` (or heartbeats) until it stops or is deleted."""
+
+    def __init__(self, run_id: UUID, *, after: int = 0, with_events: bool = True):
+        self.run_id = run_id
+        self.after = after
+        self.with_events = with_events
+        self.status: str | None = None
+        self.attempt = 0
+        self._wake = asyncio.Event()
+        self._layer: Any = None
+        self._channel: str | None = None
+        self._pump: asyncio.Task | None = None
+
+    async def __aenter__(self) -> RunFollower:
+        # Subscribe before the first read, so a change between the read and the wait still
+        # wakes us.
+        self._layer = get_channel_layer()
+        if self._layer is not None:
+            try:
+                self._channel = await self._layer.new_channel()
+                await self._layer.group_add(live.run_group(self.run_id), self._channel)
+                self._pump = asyncio.create_task(self._receive_forever())
+            except Exception:
+                logger.warning("stream: channel layer unavailable; polling", exc_info=True)
+                self._channel = None
+        return self
+
+    async def _receive_forever(self) -> None:
+        # A separate task: cancelling a pending receive() makes the Redis pub/sub layer drop
+        # the channel's subscription, so receive() is only cancelled once, at the end.
+        while True:
+            await self._layer.receive(self._channel)
+            self._wake.set()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(BaseException):
+                await self._pump
+        if self._channel is not None:
+            with contextlib.suppress(Exception):
+                await self._layer.group_discard(live.run_group(self.run_id), self._channel)
+
+    async def items(self) -> AsyncIterator[RunEvent | _Heartbeat]:
+        limit = 200 if self.with_events else 0
+        next_beat = time.monotonic() + HEARTBEAT_SECONDS
+        while True:
+            self._wake.clear()
+            status, attempt, events = await db(
+                selectors.run_stream_state, self.run_id, after=self.after, limit=limit
+            )
+            self.status, self.attempt = status, attempt
+            for event in events:
+                self.after = event.seq
+                yield event
+            if status is None or (status in STOPPED and len(events) < max(limit, 1)):
+                return
+            if events and len(events) >= limit:
+                continue  # a backlog: read on before waiting
+            now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + HEARTBEAT_SECONDS
+                yield HEARTBEAT
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._wake.wait(), timeout=min(POLL_SECONDS, max(0.01, next_beat - now))
+                )
+
+
+# --- SSE frames ------------------------------------------------------------------------------
+
+
+def sse_frame(event: str, data: Any, event_id: int | None = None) -> bytes:
+    lines = [f"event: {event}", f"data: {json.dumps(data, separators=(',', ':'), default=str)}"]
+    if event_id is not None:
+        lines.append(f"id: {event_id}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+HEARTBEAT_FRAME = b": heartbeat\r\n\r\n"
+
+
+def parse_stream_modes(raw: list[str] | str | None) -> list[str]:
+    """Modes from a body field or query values: str, list, JSON-array string; empty = all."""
+    values: list[Any] = []
+    for item in raw if isinstance(raw, list) else [raw]:
+        if item is None:
+            continue
+        text = str(item).strip()
+        if text.startswith("["):
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, list):
+                values.extend(str(v) for v in parsed)
+                continue
+        values.extend(v.strip() for v in text.split(",") if v.strip())
+    bad = [v for v in values if v not in STREAM_MODES]
+    if bad:
+        from runs.exceptions import ValidationFailed
+
+        raise ValidationFailed(
+            f"unknown stream_mode {', '.join(map(repr, bad))}; use {', '.join(STREAM_MODES)}",
+            errors=[{"field": "stream_mode", "message": f"must be one of {STREAM_MODES}"}],
+        )
+    return values
+
+
+def _messages_of(update: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in update.get("messages", []) if isinstance(m, dict)]
+
+
+def frames_for(event: RunEvent, modes: list[str]) -> list[tuple[str, Any]]:
+    """The (SSE event name, data) pairs a run event becomes under the requested modes."""
+    want = set(modes) if modes else set(STREAM_MODES)
+    kind, data = event.kind, event.data or {}
+    out: list[tuple[str, Any]] = []
+    if kind == "step":
+        if "values" in want:
+            out.append(("values", data.get("values", {})))
+        if "checkpoints" in want:
+            out.append(
+                (
+                    "checkpoints",
+                    {
+                        "checkpoint_id": data.get("checkpoint_id"),
+                        "step": data.get("step"),
+                        "values": data.get("values", {}),
+                    },
+                )
+            )
+    elif kind == "update":
+        node, update = data.get("node", "agent"), data.get("update", {})
+        if "updates" in want:
+            out.append(("updates", {node: update}))
+        meta = {"langgraph_node": node, "run_id": str(event.run_id)}
+        for message in _messages_of(update):
+            if "messages-tuple" in want:
+                out.append(("messages", [message, meta]))
+            if "messages" in want:
+                out.append(("messages/complete", [message]))
+    elif kind == "suspended":
+        interrupts = data.get("interrupts", [])
+        if "updates" in want:
+            out.append(("updates", {"__interrupt__": interrupts}))
+        elif "values" in want:
+            # Only values asked for: LangGraph still surfaces the interrupt as a values event.
+            out.append(("values", {"__interrupt__": interrupts}))
+    elif kind == "custom":
+        if "custom" in want:
+            out.append(("custom", data))
+    elif kind in ("tool_call", "tool_result"):
+        if "tasks" in want:
+            task = {"id": data.get("tool_call_id"), "name": data.get("tool_name")}
+            if kind == "tool_call":
+                task["input"] = data.get("args")
+            else:
+                task["result"] = data.get("result")
+                task["error"] = None if data.get("status") != "failed" else data.get("result")
+            out.append(("tasks", task))
+    elif kind == "finished" and data.get("status") in (RunStatus.ERROR, RunStatus.TIMEOUT):
+        error = data.get("error") or {}
+        out.append(
+            (
+                "error",
+                {
+                    "error": error.get("error", "Error"),
+                    "message": error.get("message", f"run ended {data.get('status')}"),
+                },
+            )
+        )
+    if "debug" in want:
+        out.append(("debug", {"type": kind, "step": event.seq, "payload": data}))
+    if "events" in want:
+        out.append(("events", {"event": kind, "seq": event.seq, "data": data}))
+    return out
+
+
+# --- responses -------------------------------------------------------------------------------
+
+
+def _cancel_quietly(run_id: UUID, actor: str, reason: str) -> None:
+    try:
+        run = selectors.run_get(run_id)
+        services.run_cancel(run=run, action="interrupt", actor=actor, reason=reason)
+    except RunsError:
+        pass  # finished (or gone) in the meantime: nothing to cancel
+
+
+async def _cancel_after_disconnect(run_id: UUID, actor: str, why: str) -> None:
+    logger.info("stream: client went away; cancelling run=%s (%s)", run_id, why)
+    with contextlib.suppress(Exception):
+        await db(_cancel_quietly, run_id, actor, DISCONNECT_REASON.format(why))
+
+
+async def sse_events(
+    run_id: UUID,
+    *,
+    modes: list[str],
+    after: int,
+    attempt: int,
+    cancel_on_disconnect: str | None = None,
+    actor: str = "api:anonymous",
+) -> AsyncIterator[bytes]:
+    """metadata, the run's frames after `after`, heartbeats, then `end` {run_id, status}."""
+    completed = False
+    try:
+        yield sse_frame("metadata", {"run_id": str(run_id), "attempt": max(attempt, 1)})
+        async with RunFollower(run_id, after=after) as follower:
+            async for item in follower.items():
+                if isinstance(item, _Heartbeat):
+                    yield HEARTBEAT_FRAME
+                    continue
+                for name, data in frames_for(item, modes):
+                    yield sse_frame(name, data, item.seq)
+            status = follower.status or "rolled_back"
+        yield sse_frame("end", {"run_id": str(run_id), "status": status})
+        completed = True
+    finally:
+        if not completed and cancel_on_disconnect:
+            await _cancel_after_disconnect(run_id, actor, cancel_on_disconnect)
+
+
+async def result_body(
+    run_id: UUID,
+    *,
+    thread_id: UUID | None,
+    cancel_on_disconnect: str | None = None,
+    actor: str = "api:anonymous",
+) -> AsyncIterator[bytes]:
+    """`\\n` keep-alives while the run is going, then one JSON value (LangGraph /wait body)."""
+    completed = False
+    try:
+        async with RunFollower(run_id, with_events=False) as follower:
+            async for _item in follower.items():
+                yield b"\n"
+        result = await db(selectors.run_result, run_id, thread_id=thread_id)
+        yield json.dumps(result, default=str).encode()
+        completed = True
+    finally:
+        if not completed and cancel_on_disconnect:
+            await _cancel_after_disconnect(run_id, actor, cancel_on_disconnect)
+
+
+def sse_response(body: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(body, content_type="text/event-stream; charset=utf-8")
+    response["Cache-Control"] = "no-store"
+    response["X-Accel-Buffering"] = "no"
+    for key, value in headers.items():
+        response[key] = value
+    return response
+
+
+def json_stream_response(
+    body: AsyncIterator[bytes], headers: dict[str, str], status: int = 200
+) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(body, content_type="application/json", status=status)
+    response["X-Accel-Buffering"] = "no"
+    for key, value in headers.items():
+        response[key] = value
+    return response
