@@ -21,7 +21,7 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import F, Q, QuerySet
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
@@ -756,6 +756,21 @@ def runs_reap(*, max_attempts: int | None = None) -> dict[str, int]:
     and a run claimed again in between no longer matches.
     """
     max_attempts = max_attempts or settings.RUNS_MAX_ATTEMPTS
+    try:
+        return _reap(max_attempts)
+    except OperationalError as exc:
+        # A lock held by a frozen process: try again on the next round rather than hang.
+        logger.warning("reaper: skipped a round (%s)", exc)
+        return {"requeued": 0, "failed": 0, "cancelled": 0, "timed_out": 0}
+
+
+def _lock_timeout() -> None:
+    if _is_postgres():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '2s'")
+
+
+def _reap(max_attempts: int) -> dict[str, int]:
     now = _now()
     counts = {"requeued": 0, "failed": 0, "cancelled": 0, "timed_out": 0}
     expired = Q(status=RunStatus.RUNNING, lease_expires_at__lt=now, parent_run__isnull=True)
@@ -765,12 +780,14 @@ def runs_reap(*, max_attempts: int | None = None) -> dict[str, int]:
         "id", flat=True
     ):
         with transaction.atomic():
+            _lock_timeout()
             run = _lock_run_if(run_id, expired)
             if run is not None:
                 _apply_cancel(run, action=run.cancel_action or CancelAction.INTERRUPT, actor=None)
                 counts["cancelled"] += 1
 
     with transaction.atomic():
+        _lock_timeout()
         rows = _update_returning(
             Run.objects.filter(expired, cancel_requested_at__isnull=True, attempt__lt=max_attempts),
             ["id", "thread_id", "last_seq", "attempt"],
@@ -801,6 +818,7 @@ def runs_reap(*, max_attempts: int | None = None) -> dict[str, int]:
         expired, cancel_requested_at__isnull=True, attempt__gte=max_attempts
     ).values_list("id", flat=True):
         with transaction.atomic():
+            _lock_timeout()
             run = _lock_run_if(run_id, expired)
             if run is not None:
                 error = {
@@ -814,6 +832,7 @@ def runs_reap(*, max_attempts: int | None = None) -> dict[str, int]:
         status=RunStatus.RUNNING, parent_run__isnull=True, deadline_at__lt=now
     ).values_list("id", flat=True):
         with transaction.atomic():
+            _lock_timeout()
             run = _lock_run_if(run_id, Q(status=RunStatus.RUNNING, deadline_at__lt=now))
             if run is not None:
                 error = {"error": "TimeoutError", "message": "run exceeded its time limit"}
@@ -1832,3 +1851,21 @@ def api_key_touch(*, key: ApiKey) -> None:
     if key.last_used_at is None or now - key.last_used_at > timedelta(minutes=1):
         ApiKey.objects.filter(id=key.id).update(last_used_at=now)
         key.last_used_at = now
+
+
+# --------------------------------------------------------------------------------------------
+# Groups
+# --------------------------------------------------------------------------------------------
+
+GROUP_PERMISSIONS = {"Reviewers": ["review_run"], "Support": ["cancel_run"]}
+
+
+def groups_ensure() -> None:
+    """Create the Reviewers and Support groups with their permissions (idempotent)."""
+    from django.contrib.auth.models import Group, Permission
+
+    for group_name, codenames in GROUP_PERMISSIONS.items():
+        group, _ = Group.objects.get_or_create(name=group_name)
+        group.permissions.add(
+            *Permission.objects.filter(content_type__app_label="runs", codename__in=codenames)
+        )

@@ -133,6 +133,13 @@ except Exception as exc:  # dj_database_url raises several types for a bad URL
 if _db.get("ENGINE") not in ("django.db.backends.postgresql", "django.db.backends.sqlite3"):
     raise ImproperlyConfigured("DATABASE_URL must be a postgres:// or sqlite:// URL")
 
+
+def _pool_check(conn: object) -> None:
+    from psycopg_pool import ConnectionPool
+
+    ConnectionPool.check_connection(conn)  # type: ignore[arg-type]
+
+
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db["OPTIONS"] = {
         # WAL lets the dashboard read while the embedded worker writes; IMMEDIATE makes writers
@@ -141,7 +148,7 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 20,
     }
-    _db["TEST"] = {"NAME": str(BASE_DIR / "test-db.sqlite3")}
+    _db["TEST"] = {"NAME": str(BASE_DIR / f"test-db-{os.getpid()}.sqlite3")}
 else:
     # Under ASGI each request may run on a different thread, so persistent connections leak;
     # psycopg's pool gives reuse without that. Workers (a plain process) use the same setting.
@@ -151,9 +158,18 @@ else:
             "min_size": env_int("DATABASE_POOL_MIN", 1),
             "max_size": env_int("DATABASE_POOL_MAX", 10, minimum=1),
             "timeout": env_float("DATABASE_POOL_TIMEOUT", 10.0, minimum=0.1),
+            # Test a connection before handing it out: after a database restart or
+            # pg_terminate_backend, requests get a fresh connection instead of an error.
+            "check": _pool_check,
         }
     _db.setdefault("OPTIONS", {})["connect_timeout"] = env_int("DATABASE_CONNECT_TIMEOUT", 5)
-    _db["TEST"] = {"NAME": env_str("DATABASE_TEST_NAME", "") or None}
+    # A process frozen inside a transaction (SIGSTOP, a debugger, a stuck host) would hold its
+    # row locks forever and block the reaper; the server ends such sessions after this long.
+    _idle_tx_ms = env_int("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS", 10_000)
+    if _idle_tx_ms:
+        _db["OPTIONS"]["options"] = f"-c idle_in_transaction_session_timeout={_idle_tx_ms}"
+    # One test database per test process, so concurrent suites on one server never collide.
+    _db["TEST"] = {"NAME": env_str("DATABASE_TEST_NAME", "") or f"test_runsite_{os.getpid()}"}
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -25,6 +25,9 @@ def _postgres_only(request: pytest.FixtureRequest) -> None:
 
 
 def _user(username: str, *groups: str, staff: bool = False) -> User:
+    from runs.services import groups_ensure
+
+    groups_ensure()  # transactional tests flush the groups the data migration made
     user = User.objects.create_user(username=username, password=username)
     if staff:
         user.is_staff = user.is_superuser = True
@@ -84,7 +87,7 @@ def register_agent() -> Iterator[Callable[[Any], Any]]:
 
 
 @pytest.fixture
-def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+def start_worker(transactional_db: Any, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start `manage.py runagents` processes on this test's database (transaction=True tests)."""
     started: list[WorkerProcess] = []
 

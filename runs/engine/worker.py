@@ -98,9 +98,18 @@ def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
 
 
 def _safely(fn: Any) -> str:
+    """Record an outcome; a lost lease or a dead connection means another worker owns it now."""
     try:
         return fn()
     except LeaseLost:
+        logger.warning("lease lost while recording an outcome; another worker owns the run")
+        return "lost"
+    except Exception as exc:
+        logger.warning(
+            "could not record the outcome (%s: %s); the reaper will retry the run",
+            type(exc).__name__,
+            exc,
+        )
         return "lost"
 
 

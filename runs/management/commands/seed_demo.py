@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import Group, Permission, User
+from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand, CommandParser
 from django.test import override_settings
 
@@ -18,15 +18,6 @@ USERS = [
     ("reviewer", False, "Reviewers"),
     ("support", False, "Support"),
 ]
-GROUP_PERMISSIONS = {"Reviewers": ["review_run"], "Support": ["cancel_run"]}
-
-
-def ensure_groups() -> None:
-    for group_name, codenames in GROUP_PERMISSIONS.items():
-        group, _ = Group.objects.get_or_create(name=group_name)
-        group.permissions.add(
-            *Permission.objects.filter(content_type__app_label="runs", codename__in=codenames)
-        )
 
 
 class Command(BaseCommand):
@@ -36,7 +27,7 @@ class Command(BaseCommand):
         parser.add_argument("--force", action="store_true", help="add demo runs even if runs exist")
 
     def handle(self, *args: Any, force: bool, **options: Any) -> None:
-        ensure_groups()
+        services.groups_ensure()
         for username, staff, group in USERS:
             user, created = User.objects.get_or_create(username=username)
             if created:
