@@ -279,6 +279,19 @@ def thread_waiting_tool_calls(thread: Thread) -> list[ToolCall]:
     )
 
 
+def _json_contains(qs: QuerySet, field: str, wanted: dict[str, Any] | None) -> QuerySet:
+    """JSON containment; SQLite has no `contains` on JSONField, so it compares key by key."""
+    from django.db import connection
+
+    if not wanted:
+        return qs
+    if connection.vendor == "postgresql":
+        return qs.filter(**{f"{field}__contains": wanted})
+    for key, value in wanted.items():
+        qs = qs.filter(**{f"{field}__{key}": value})
+    return qs
+
+
 def threads_search(
     *,
     metadata: dict[str, Any] | None = None,
@@ -292,10 +305,8 @@ def threads_search(
     pinned_resource_id: str | None = None,
 ) -> Page:
     qs = Thread.objects.all()
-    if metadata:
-        qs = qs.filter(metadata__contains=metadata)
-    if values:
-        qs = qs.filter(values__contains=values)
+    qs = _json_contains(qs, "metadata", metadata)
+    qs = _json_contains(qs, "values", values)
     if status:
         if status not in ThreadStatus.values:
             raise ValidationFailed(
