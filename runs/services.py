@@ -77,6 +77,21 @@ class Lease:
     run_id: UUID
     owner: str
     attempt: int
+    # Known at claim time; lets fenced writes lock the thread and publish without a lookup.
+    thread_id: UUID | None = None
+    agent_id: str = ""
+    parent_run_id: UUID | None = None
+
+
+@dataclass
+class StepWrite:
+    """One checkpoint the step loop wants written (ids are chosen up front so steps can chain)."""
+
+    id: UUID
+    step: int
+    values: dict[str, Any]
+    pending: list[str]
+    parent_id: UUID | None
 
 
 @dataclass
@@ -249,7 +264,9 @@ def _latest_thread_values(thread_id: UUID) -> Any:
 _UNSET: Any = object()
 
 
-def _refresh_thread(thread_id: UUID | None, *, values: Any = _UNSET) -> str | None:
+def _refresh_thread(
+    thread_id: UUID | None, *, values: Any = _UNSET, finished_status: str | None = None
+) -> str | None:
     """Derive the thread's status from its runs (and optionally store new values).
 
     busy: a pending or running run; interrupted: a suspended run; error: the last finished run
@@ -263,6 +280,10 @@ def _refresh_thread(thread_id: UUID | None, *, values: Any = _UNSET) -> str | No
         status = ThreadStatus.BUSY
     elif RunStatus.SUSPENDED in active:
         status = ThreadStatus.INTERRUPTED
+    elif finished_status is not None:
+        # The caller just finished a run: it is the thread's last finished run.
+        failed = finished_status in (RunStatus.ERROR, RunStatus.TIMEOUT)
+        status = ThreadStatus.ERROR if failed else ThreadStatus.IDLE
     else:
         last = (
             runs.filter(status__in=TERMINAL_STATUSES)
@@ -599,7 +620,7 @@ def run_create_child(*, lease: Lease, tool_call: ToolCall, agent_id: str, input:
         else:
             child = Run.objects.select_for_update(no_key=True).get(id=child_id)
             if child.status in TERMINAL_STATUSES:
-                return Lease(child.id, child.lease_owner or "", child.attempt)
+                return Lease(child.id, child.lease_owner or "", child.attempt, None, agent_id, parent.id)
             child.status = RunStatus.RUNNING
             child.attempt += 1
             child.lease_owner = lease.owner
@@ -611,7 +632,7 @@ def run_create_child(*, lease: Lease, tool_call: ToolCall, agent_id: str, input:
                 child.id, [("started", {"attempt": child.attempt}, "system")]
             )
         _publish(child)
-    return Lease(child.id, lease.owner, child.attempt)
+    return Lease(child.id, lease.owner, child.attempt, None, agent_id, lease.run_id)
 
 
 # --------------------------------------------------------------------------------------------
@@ -620,7 +641,7 @@ def run_create_child(*, lease: Lease, tool_call: ToolCall, agent_id: str, input:
 
 _CLAIM_SQL_POSTGRES = """
 WITH candidate AS (
-    SELECT r.id FROM runs_run r
+    SELECT r.id, r.started_at IS NULL AS fresh FROM runs_run r
      WHERE r.status = 'pending' AND r.parent_run_id IS NULL
        AND (r.not_before IS NULL OR r.not_before <= %(now)s)
        AND NOT EXISTS (SELECT 1 FROM runs_run o
@@ -634,49 +655,53 @@ WITH candidate AS (
      FOR UPDATE OF r SKIP LOCKED
 )
 UPDATE runs_run SET status = 'running', lease_owner = %(owner)s, attempt = runs_run.attempt + 1,
-       lease_expires_at = %(expires)s, deadline_at = NULL,
+       lease_expires_at = %(expires)s, deadline_at = %(deadline)s,
        started_at = COALESCE(runs_run.started_at, %(now)s), updated_at = %(now)s,
        last_seq = runs_run.last_seq + 1
   FROM candidate WHERE runs_run.id = candidate.id
-RETURNING runs_run.id, runs_run.attempt, runs_run.last_seq
+RETURNING runs_run.*, candidate.fresh
 """
 # The CTE is an optimisation fence: with `WHERE id IN (subquery … LIMIT)` the planner may
 # re-run the subquery per row and lock more rows than LIMIT (Oban's engine says the same).
 
 
 def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
-    """Claim up to `limit` runnable runs: oldest pending whose thread has no running run."""
+    """Claim up to `limit` runnable runs: oldest pending whose thread has no running run.
+
+    Each claimed Run carries `fresh` (never started before: no checkpoint to load).
+    """
     now = _now()
     expires = now + timedelta(seconds=settings.RUNS_LEASE_SECONDS)
+    # Default deadline (+ grace) so the reaper can time out a run stuck in a tool; agents with
+    # their own time limit move it when they start.
+    deadline = now + timedelta(seconds=settings.RUNS_DEFAULT_TIME_LIMIT + 5)
+    params = {"now": now, "limit": limit, "owner": owner, "expires": expires, "deadline": deadline}
     for _ in range(5):
         try:
             with transaction.atomic():
                 if _is_postgres():
-                    with connection.cursor() as cursor:
-                        cursor.execute(
-                            _CLAIM_SQL_POSTGRES,
-                            {"now": now, "limit": limit, "owner": owner, "expires": expires},
-                        )
-                        rows = cursor.fetchall()
+                    runs = list(Run.objects.raw(_CLAIM_SQL_POSTGRES, params))
                 else:
-                    rows = _claim_sqlite(owner=owner, limit=limit, now=now, expires=expires)
-                if not rows:
+                    runs = _claim_sqlite(**params)
+                if not runs:
                     return []
+                runs.sort(key=lambda r: (r.created_at, r.id))
                 RunEvent.objects.bulk_create(
                     RunEvent(
-                        run_id=rid,
-                        seq=seq,
+                        run_id=r.id,
+                        seq=r.last_seq,
                         kind="started",
-                        data={"attempt": attempt, "worker": owner},
+                        data={"attempt": r.attempt, "worker": owner},
                     )
-                    for rid, attempt, seq in rows
+                    for r in runs
                 )
-                runs = {r.id: r for r in Run.objects.filter(id__in=[r[0] for r in rows])}
                 claimed = []
-                for rid, attempt, _seq in sorted(rows, key=lambda r: (runs[r[0]].created_at, r[0])):
-                    run = runs[rid]
+                for run in runs:
                     _publish(run)
-                    claimed.append(ClaimedRun(run=run, lease=Lease(rid, owner, attempt)))
+                    lease = Lease(
+                        run.id, owner, run.attempt, run.thread_id, run.agent_id, run.parent_run_id
+                    )
+                    claimed.append(ClaimedRun(run=run, lease=lease))
                 return claimed
         except IntegrityError:
             # Another worker claimed a run on the same thread between our NOT EXISTS check and
@@ -685,7 +710,9 @@ def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
     return []
 
 
-def _claim_sqlite(*, owner: str, limit: int, now: datetime, expires: datetime) -> list[tuple]:
+def _claim_sqlite(
+    *, owner: str, limit: int, now: datetime, expires: datetime, deadline: datetime
+) -> list[Run]:
     # SQLite serialises writers (IMMEDIATE transactions), so a read-then-conditional-update in
     # one transaction cannot race; there is no SKIP LOCKED to need.
     busy_threads = set(
@@ -712,18 +739,23 @@ def _claim_sqlite(*, owner: str, limit: int, now: datetime, expires: datetime) -
             break
     if not chosen:
         return []
-    return _update_returning(
-        Run.objects.filter(id__in=chosen, status=RunStatus.PENDING),
-        ["id", "attempt", "last_seq"],
+    fresh = set(
+        Run.objects.filter(id__in=chosen, started_at__isnull=True).values_list("id", flat=True)
+    )
+    Run.objects.filter(id__in=chosen, status=RunStatus.PENDING).update(
         status=RunStatus.RUNNING,
         lease_owner=owner,
         attempt=F("attempt") + 1,
         lease_expires_at=expires,
-        deadline_at=None,
-        started_at=now,
+        deadline_at=deadline,
         updated_at=now,
         last_seq=F("last_seq") + 1,
     )
+    Run.objects.filter(id__in=chosen, started_at__isnull=True).update(started_at=now)
+    runs = list(Run.objects.filter(id__in=chosen, lease_owner=owner, status=RunStatus.RUNNING))
+    for run in runs:
+        run.fresh = run.id in fresh
+    return runs
 
 
 def run_heartbeat(*, owner: str, run_ids: Sequence[UUID]) -> dict[UUID, str | None]:
@@ -885,11 +917,11 @@ def run_release(*, lease: Lease) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-def _fence(lease: Lease, *, events: int = 0) -> FenceResult:
+def _fence(lease: Lease, *, events: int = 0, **changes: Any) -> FenceResult:
     """Check that `lease` still holds the run, reserving `events` sequence numbers.
 
     One statement: UPDATE … WHERE id, owner, attempt, status=running RETURNING. It also takes
-    the run's row lock for the rest of the transaction.
+    the run's row lock for the rest of the transaction, and applies `changes` to the row.
     """
     rows = _update_returning(
         Run.objects.filter(
@@ -901,6 +933,7 @@ def _fence(lease: Lease, *, events: int = 0) -> FenceResult:
         ["last_seq", "cancel_action"],
         last_seq=F("last_seq") + events,
         updated_at=_now(),
+        **changes,
     )
     if not rows:
         raise LeaseLost(
@@ -909,46 +942,69 @@ def _fence(lease: Lease, *, events: int = 0) -> FenceResult:
     return FenceResult(last_seq=rows[0][0], cancel_action=rows[0][1])
 
 
-def run_save_step(
+def _complete_lease(lease: Lease) -> Lease:
+    """Fill in a lease built by hand (tests, older callers) from the run row."""
+    if lease.agent_id:
+        return lease
+    row = Run.objects.filter(id=lease.run_id).values("thread_id", "agent_id", "parent_run_id").first()
+    if row is None:
+        raise LeaseLost(f"run {lease.run_id} no longer exists")
+    return Lease(lease.run_id, lease.owner, lease.attempt, row["thread_id"], row["agent_id"], row["parent_run_id"])
+
+
+def _step_event(w: StepWrite) -> tuple[str, dict[str, Any], str]:
+    return ("step", {"step": w.step, "checkpoint_id": str(w.id), "values": w.values}, "system")
+
+
+def _write_steps(lease: Lease, steps: Sequence[StepWrite]) -> None:
+    Checkpoint.objects.bulk_create(
+        Checkpoint(
+            id=w.id,
+            thread_id=lease.thread_id if lease.parent_run_id is None else None,
+            run_id=lease.run_id,
+            parent_id=w.parent_id,
+            step=w.step,
+            values=w.values,
+            pending=w.pending,
+        )
+        for w in steps
+    )
+
+
+def run_save_steps(
     *,
     lease: Lease,
-    thread_id: UUID | None,
-    step: int,
-    values: dict[str, Any],
-    pending: list[str],
-    parent_checkpoint_id: UUID | None,
+    steps: Sequence[StepWrite],
     new_tool_calls: Sequence[dict[str, Any]] = (),
     events: Sequence[tuple[str, dict[str, Any], str]] = (),
-) -> tuple[Checkpoint, FenceResult]:
-    """Write one step: its checkpoint, the tool calls the model proposed, and timeline events."""
+) -> FenceResult:
+    """Write steps (checkpoints), the tool calls the model proposed, and timeline events."""
+    lease = _complete_lease(lease)
     with transaction.atomic():
-        fence = _fence(lease, events=len(events) + 1)
-        checkpoint = Checkpoint.objects.create(
-            thread_id=thread_id,
-            run_id=lease.run_id,
-            parent_id=parent_checkpoint_id,
-            step=step,
-            values=values,
-            pending=pending,
-        )
+        all_events = [*events, *(_step_event(w) for w in steps)]
+        fence = _fence(lease, events=len(all_events))
+        _write_steps(lease, steps)
         if new_tool_calls:
+            step = steps[-1].step if steps else 0
             ToolCall.objects.bulk_create(
                 ToolCall(run_id=lease.run_id, step=step, **tc) for tc in new_tool_calls
             )
-        step_event = (
-            "step",
-            {"step": step, "checkpoint_id": str(checkpoint.id), "values": values},
-            "system",
-        )
-        all_events = [*events, step_event]
         _insert_events(lease.run_id, fence.last_seq, all_events)
         _publish_fenced(lease, fence.last_seq)
-    return checkpoint, fence
+    return fence
 
 
 def _publish_fenced(lease: Lease, seq: int, status: str = RunStatus.RUNNING) -> None:
-    run = Run.objects.only("id", "thread_id", "agent_id", "parent_run_id").get(id=lease.run_id)
-    _publish(run, status=status, seq=seq)
+    live.run_changed_on_commit(
+        live.RunChange(
+            run_id=str(lease.run_id),
+            thread_id=str(lease.thread_id) if lease.thread_id else None,
+            agent_id=lease.agent_id,
+            status=status,
+            seq=seq,
+            parent_run_id=str(lease.parent_run_id) if lease.parent_run_id else None,
+        )
+    )
 
 
 def tool_call_update(
@@ -960,6 +1016,7 @@ def tool_call_update(
     event: tuple[str, dict[str, Any], str] | None = None,
 ) -> FenceResult:
     """Record a tool call's progress (running / succeeded / failed) under the run's fence."""
+    lease = _complete_lease(lease)
     with transaction.atomic():
         fence = _fence(lease, events=1 if event else 0)
         now = _now()
@@ -982,6 +1039,7 @@ def tool_call_update(
 def run_emit(*, lease: Lease, kind: str, data: dict[str, Any]) -> None:
     """A custom event from inside a tool (`ctx.emit`), streamed as LangGraph `custom`."""
     _check_json_size(data, "data", limit=256_000)
+    lease = _complete_lease(lease)
     with transaction.atomic():
         fence = _fence(lease, events=1)
         _insert_events(lease.run_id, fence.last_seq, [(kind, data, "system")])
@@ -1072,16 +1130,56 @@ def run_finish(
     output: Any = None,
     error: dict[str, Any] | None = None,
     values: Any = _UNSET,
-) -> Run:
-    """End a run the worker holds: success, error or timeout."""
+    steps: Sequence[StepWrite] = (),
+    events: Sequence[tuple[str, dict[str, Any], str]] = (),
+) -> FenceResult:
+    """End a run the worker holds (success, error or timeout), with its last steps, in one go.
+
+    The common path (an agent that answers at once) is a single transaction: lock the thread,
+    one fenced UPDATE that also ends the run, bulk inserts, and the thread's new status.
+    """
     _validate_choice(status, (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.TIMEOUT), "status")
+    finished: dict[str, Any] = {"status": status}
+    if output is not None:
+        finished["output"] = output
+    if error is not None:
+        finished["error"] = error
+    all_events = [*events, *(_step_event(w) for w in steps), ("finished", finished, "system")]
+    lease = _complete_lease(lease)
     with transaction.atomic():
-        thread_id = Run.objects.filter(id=lease.run_id).values_list("thread_id", flat=True).first()
-        _lock_thread(thread_id)
-        _fence(lease)
-        run = Run.objects.select_for_update(no_key=True).get(id=lease.run_id)
-        _finish_locked(run, status=status, output=output, error=error, values=values)
-    return run
+        _lock_thread(lease.thread_id)
+        now = _now()
+        fence = _fence(
+            lease,
+            events=len(all_events),
+            status=status,
+            output=output,
+            error=error,
+            finished_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
+            deadline_at=None,
+        )
+        _write_steps(lease, steps)
+        _insert_events(lease.run_id, fence.last_seq, all_events)
+        if status != RunStatus.SUCCESS:
+            _fail_children(lease.run_id, status)
+        if lease.parent_run_id is None and lease.thread_id is not None:
+            if values is _UNSET:
+                values = steps[-1].values if steps else _latest_thread_values(lease.thread_id)
+            _refresh_thread(lease.thread_id, values=values, finished_status=status)
+        _publish_fenced(lease, fence.last_seq, status=status)
+    return fence
+
+
+def _fail_children(run_id: UUID, status: str) -> None:
+    # Sub-agent runs still active under a failed supervisor would never be picked up again.
+    for child in Run.objects.filter(parent_run_id=run_id, status__in=ACTIVE_STATUSES):
+        _finish_locked(
+            child,
+            status=RunStatus.ERROR,
+            error={"error": "ParentFailed", "message": f"supervisor run ended {status}"},
+        )
 
 
 def _finish_locked(
@@ -1128,14 +1226,8 @@ def _finish_locked(
         status,
         duration,
     )
-    # Sub-agent runs still active under a failed supervisor would never be picked up again.
     if status != RunStatus.SUCCESS:
-        for child in Run.objects.filter(parent_run=run, status__in=ACTIVE_STATUSES):
-            _finish_locked(
-                child,
-                status=RunStatus.ERROR,
-                error={"error": "ParentFailed", "message": f"supervisor run ended {status}"},
-            )
+        _fail_children(run.id, status)
     if run.parent_run_id is None and run.thread_id is not None:
         if values is _UNSET:
             values = _latest_thread_values(run.thread_id)

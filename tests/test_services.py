@@ -269,6 +269,8 @@ def test_it_fails_a_run_after_max_attempts() -> None:
 
 
 def test_a_worker_that_lost_its_lease_cannot_write() -> None:
+    import uuid
+
     from runs.exceptions import LeaseLost
 
     run = services.run_create(agent_id="echo", thread_id=None, input=1, actor="t")
@@ -277,13 +279,8 @@ def test_a_worker_that_lost_its_lease_cannot_write() -> None:
     services.runs_reap()
     claim_one("fresh")
     with pytest.raises(LeaseLost):
-        services.run_save_step(
-            lease=old.lease,
-            thread_id=run.thread_id,
-            step=7,
-            values={},
-            pending=[],
-            parent_checkpoint_id=None,
+        services.run_save_steps(
+            lease=old.lease, steps=[services.StepWrite(uuid.uuid4(), 7, {}, [], None)]
         )
     with pytest.raises(LeaseLost):
         services.run_finish(lease=old.lease, status=RunStatus.SUCCESS, output={"late": True})

@@ -23,6 +23,7 @@ from runs.engine.context import (
 )
 from runs.engine.model import FinalAnswer, ModelInput, ToolCalls, ToolResult
 from runs.engine.registry import get_agent
+from runs.ids import uuid7
 from runs.models import Checkpoint, Run, RunStatus, ToolCall, ToolCallStatus
 
 logger = logging.getLogger("runs.engine")
@@ -34,6 +35,8 @@ RESOLVED = (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED, ToolCallStatus.DECL
 class Finished:
     output: Any
     values: dict[str, Any]
+    steps: list[services.StepWrite]  # written together with the end of the run
+    events: list[tuple[str, dict[str, Any], str]]
 
 
 @dataclass
@@ -62,12 +65,25 @@ class StepLoop:
         self.lease = lease
         self.control = control
         self.agent = agent or get_agent(run.agent_id)
+        # Steps not written yet: the input checkpoint waits for the next write, and the final
+        # step is written with the end of the run, so an agent that answers at once costs one
+        # transaction after its claim.
+        self._unsaved: list[services.StepWrite] = []
 
     # -- state --------------------------------------------------------------------------------
 
-    def _load(self) -> tuple[Checkpoint, dict[str, ToolCall]]:
-        checkpoint = Checkpoint.objects.filter(run_id=self.run.id).order_by("-step").first()
-        calls = {tc.tool_call_id: tc for tc in ToolCall.objects.filter(run_id=self.run.id)}
+    def _load(self) -> tuple[services.StepWrite, dict[str, ToolCall]]:
+        checkpoint = None
+        calls: dict[str, ToolCall] = {}
+        if not (getattr(self.run, "fresh", False) and self.run.parent_run_id is None):
+            # Started before (a retry, a resume, a sub-agent taken over): continue from its
+            # latest checkpoint and reuse every tool result it recorded.
+            row = Checkpoint.objects.filter(run_id=self.run.id).order_by("-step").first()
+            calls = {tc.tool_call_id: tc for tc in ToolCall.objects.filter(run_id=self.run.id)}
+            if row is not None:
+                checkpoint = services.StepWrite(
+                    row.id, row.step, row.values, list(row.pending), row.parent_id
+                )
         if checkpoint is not None:
             return checkpoint, calls
         base = None
@@ -75,20 +91,15 @@ class StepLoop:
             base = (
                 Checkpoint.objects.filter(thread_id=self.run.thread_id)
                 .order_by("-created_at", "-id")
+                .values("id", "values")
                 .first()
             )
-        values = dict(base.values) if base else {}
+        values = dict(base["values"]) if base else {}
         values["messages"] = [*values.get("messages", []), _user_message(self.run.input)]
         values["output"] = None
-        checkpoint, _ = self._save_step(
-            lease=self.lease,
-            thread_id=self.run.thread_id,
-            step=0,
-            values=values,
-            pending=[],
-            parent_checkpoint_id=base.id if base else None,
-        )
-        return checkpoint, calls
+        first = services.StepWrite(uuid7(), 0, values, [], base["id"] if base else None)
+        self._unsaved.append(first)
+        return first, calls
 
     def _results(self, calls: dict[str, ToolCall]) -> list[ToolResult]:
         out = []
@@ -110,9 +121,14 @@ class StepLoop:
 
     # -- the loop -----------------------------------------------------------------------------
 
+    def _next(
+        self, prev: services.StepWrite, values: dict[str, Any], pending: list[str]
+    ) -> services.StepWrite:
+        return services.StepWrite(uuid7(), prev.step + 1, values, pending, prev.id)
+
     def run_until_stop(self) -> Finished | Suspended:
         checkpoint, calls = self._load()
-        decisions = sum(1 for _ in {c.step for c in calls.values()})
+        decisions = len({c.step for c in calls.values()})
         while True:
             self.control.check()
             if checkpoint.pending:
@@ -123,33 +139,19 @@ class StepLoop:
                 tool_messages = []
                 for tcid in checkpoint.pending:
                     tc = calls[tcid]
-                    content = (
-                        _declined_result(tc) if tc.status == ToolCallStatus.DECLINED else tc.result
-                    )
+                    declined = tc.status == ToolCallStatus.DECLINED
                     tool_messages.append(
                         {
                             "role": "tool",
                             "tool_call_id": tcid,
                             "name": tc.tool_name,
-                            "content": content,
+                            "content": _declined_result(tc) if declined else tc.result,
                         }
                     )
                 values["messages"] = [*values.get("messages", []), *tool_messages]
-                checkpoint, _ = self._save_step(
-                    lease=self.lease,
-                    thread_id=self.run.thread_id,
-                    step=checkpoint.step + 1,
-                    values=values,
-                    pending=[],
-                    parent_checkpoint_id=checkpoint.id,
-                    events=[
-                        (
-                            "update",
-                            {"node": "tools", "update": {"messages": tool_messages}},
-                            "system",
-                        )
-                    ],
-                )
+                checkpoint = self._next(checkpoint, values, [])
+                update = {"node": "tools", "update": {"messages": tool_messages}}
+                self._save(checkpoint, events=[("update", update, "system")])
                 continue
 
             if decisions >= self.agent.max_steps:
@@ -172,29 +174,21 @@ class StepLoop:
                 message = {"role": "assistant", "content": decision.content or decision.output}
                 values["messages"] = [*values.get("messages", []), message]
                 values["output"] = decision.output
-                self._save_step(
-                    lease=self.lease,
-                    thread_id=self.run.thread_id,
-                    step=checkpoint.step + 1,
+                final = self._next(checkpoint, values, [])
+                steps, self._unsaved = [*self._unsaved, final], []
+                update = {
+                    "node": "agent",
+                    "update": {"messages": [message], "output": decision.output},
+                }
+                return Finished(
+                    output=decision.output,
                     values=values,
-                    pending=[],
-                    parent_checkpoint_id=checkpoint.id,
-                    events=[
-                        (
-                            "update",
-                            {
-                                "node": "agent",
-                                "update": {"messages": [message], "output": decision.output},
-                            },
-                            "system",
-                        )
-                    ],
+                    steps=steps,
+                    events=[("update", update, "system")],
                 )
-                return Finished(output=decision.output, values=values)
             if not isinstance(decision, ToolCalls) or not decision.calls:
                 raise NonRetryableError(f"model of agent {self.agent.id} returned {decision!r}")
-            step = checkpoint.step + 1
-            new_calls = []
+            new_calls: list[dict[str, Any]] = []
             for call in decision.calls:
                 tcid = call.id or f"call_{secrets.token_hex(8)}"
                 while tcid in calls or any(n["tool_call_id"] == tcid for n in new_calls):
@@ -216,39 +210,30 @@ class StepLoop:
                 ],
             }
             values["messages"] = [*values.get("messages", []), message]
-            checkpoint, _ = self._save_step(
-                lease=self.lease,
-                thread_id=self.run.thread_id,
-                step=step,
-                values=values,
-                pending=[n["tool_call_id"] for n in new_calls],
-                parent_checkpoint_id=checkpoint.id,
+            checkpoint = self._next(checkpoint, values, [n["tool_call_id"] for n in new_calls])
+            call_events = [
+                (
+                    "tool_call",
+                    {k: n[k] for k in ("tool_call_id", "tool_name", "args")},
+                    "system",
+                )
+                for n in new_calls
+            ]
+            update = {"node": "agent", "update": {"messages": [message]}}
+            self._save(
+                checkpoint,
                 new_tool_calls=new_calls,
-                events=[
-                    ("update", {"node": "agent", "update": {"messages": [message]}}, "system"),
-                    *[
-                        (
-                            "tool_call",
-                            {
-                                "tool_call_id": n["tool_call_id"],
-                                "tool_name": n["tool_name"],
-                                "args": n["args"],
-                            },
-                            "system",
-                        )
-                        for n in new_calls
-                    ],
-                ],
+                events=[("update", update, "system"), *call_events],
             )
             calls.update(
                 {
                     tc.tool_call_id: tc
-                    for tc in ToolCall.objects.filter(run_id=self.run.id, step=step)
+                    for tc in ToolCall.objects.filter(run_id=self.run.id, step=checkpoint.step)
                 }
             )
 
     def _run_tools(
-        self, checkpoint: Checkpoint, calls: dict[str, ToolCall]
+        self, checkpoint: services.StepWrite, calls: dict[str, ToolCall]
     ) -> list[services.SuspendPlan] | None:
         """Execute this step's tool calls. Returns suspend plans when any call must wait."""
         waiting: list[dict[str, Any]] = []
@@ -310,10 +295,21 @@ class StepLoop:
             return [*inner_plans, services.SuspendPlan(lease=self.lease, waiting=waiting)]
         return None
 
-    def _save_step(self, **kwargs: Any) -> tuple[Checkpoint, services.FenceResult]:
-        checkpoint, fence = services.run_save_step(**kwargs)
+    def _save(
+        self,
+        step: services.StepWrite,
+        *,
+        new_tool_calls: list[dict[str, Any]] | None = None,
+        events: list[tuple[str, dict[str, Any], str]] | None = None,
+    ) -> None:
+        steps, self._unsaved = [*self._unsaved, step], []
+        fence = services.run_save_steps(
+            lease=self.lease,
+            steps=steps,
+            new_tool_calls=new_tool_calls or (),
+            events=events or (),
+        )
         self._fenced(fence)
-        return checkpoint, fence
 
     def _fenced(self, fence: services.FenceResult) -> None:
         # Every fenced write also reads the run's cancel request: no NOTIFY needed to see it.
@@ -405,6 +401,8 @@ class StepLoop:
             status=RunStatus.SUCCESS,
             output=outcome.output,
             values=outcome.values,
+            steps=outcome.steps,
+            events=outcome.events,
         )
         return outcome.output
 

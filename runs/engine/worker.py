@@ -54,6 +54,7 @@ def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
     """
     run, lease = claimed.run, claimed.lease
     started = time.monotonic()
+    outcome_status = "lost"
     try:
         try:
             agent = get_agent(run.agent_id)
@@ -61,40 +62,57 @@ def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
             raise NonRetryableError(exc.detail) from None
         limit = agent.time_limit or settings.RUNS_DEFAULT_TIME_LIMIT
         control.deadline = time.monotonic() + limit
-        # The row's deadline (with grace) lets the reaper time out a run whose tool ignores
-        # cancellation while the worker keeps heartbeating.
-        services.run_set_deadline(
-            lease=lease, deadline=timezone.now() + timedelta(seconds=limit + 5)
-        )
+        if agent.time_limit:
+            # The row's deadline (with grace) lets the reaper time out a run whose tool ignores
+            # cancellation while the worker keeps heartbeating; the claim set the default one.
+            services.run_set_deadline(
+                lease=lease, deadline=timezone.now() + timedelta(seconds=limit + 5)
+            )
         logger.info("claim run=%s agent=%s attempt=%s", run.id, run.agent_id, lease.attempt)
         outcome = StepLoop(run=run, lease=lease, control=control, agent=agent).run_until_stop()
         if isinstance(outcome, Finished):
             services.run_finish(
-                lease=lease, status=RunStatus.SUCCESS, output=outcome.output, values=outcome.values
+                lease=lease,
+                status=RunStatus.SUCCESS,
+                output=outcome.output,
+                values=outcome.values,
+                steps=outcome.steps,
+                events=outcome.events,
             )
-            return RunStatus.SUCCESS
-        services.run_suspend(plans=outcome.plans, values=outcome.values)
-        return RunStatus.SUSPENDED
+            outcome_status = RunStatus.SUCCESS
+        else:
+            services.run_suspend(plans=outcome.plans, values=outcome.values)
+            outcome_status = RunStatus.SUSPENDED
     except RunStopped as stop:
-        return _stopped(lease, stop.reason, control)
+        outcome_status = _stopped(lease, stop.reason, control)
     except LeaseLost:
         logger.warning(
             "lease lost run=%s attempt=%s; stopping without writing", run.id, lease.attempt
         )
-        return "lost"
     except NonRetryableError as exc:
         error = error_of(exc)
-        return _safely(
-            lambda: services.run_finish(lease=lease, status=RunStatus.ERROR, error=error).status
-        )
+        outcome_status = _safely(lambda: _finish(lease, RunStatus.ERROR, error))
     except Exception as exc:
         logger.warning(
             "run=%s attempt=%s raised %s: %s", run.id, lease.attempt, type(exc).__name__, exc
         )
         error = error_of(exc)
-        return _safely(lambda: services.run_fail_attempt(lease=lease, error=error).status)
-    finally:
-        logger.debug("run=%s done in %.3fs", run.id, time.monotonic() - started)
+        outcome_status = _safely(lambda: services.run_fail_attempt(lease=lease, error=error).status)
+    if outcome_status in (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.TIMEOUT):
+        logger.info(
+            "finish run=%s agent=%s attempt=%s status=%s duration=%.3fs",
+            run.id,
+            run.agent_id,
+            lease.attempt,
+            outcome_status,
+            time.monotonic() - started,
+        )
+    return outcome_status
+
+
+def _finish(lease: services.Lease, status: str, error: dict[str, str]) -> str:
+    services.run_finish(lease=lease, status=status, error=error)
+    return status
 
 
 def _safely(fn: Any) -> str:
@@ -120,9 +138,7 @@ def _stopped(lease: services.Lease, reason: str, control: RunControl) -> str:
         return "released" if _safely(lambda: services.run_release(lease=lease)) else "lost"
     if reason == "timeout":
         error = {"error": "TimeoutError", "message": "run exceeded its time limit"}
-        return _safely(
-            lambda: services.run_finish(lease=lease, status=RunStatus.TIMEOUT, error=error).status
-        )
+        return _safely(lambda: _finish(lease, RunStatus.TIMEOUT, error))
 
     # cancel
     def ack() -> str:
