@@ -56,9 +56,7 @@ def sse_events(response: Any) -> list[tuple[str, Any, str | None]]:
     assert "\r\n" in body  # CRLF frames, as LangGraph writes them
     events = []
     for block in body.split("\r\n\r\n"):
-        fields = dict(
-            line.split(": ", 1) for line in block.split("\r\n") if line and ": " in line
-        )
+        fields = dict(line.split(": ", 1) for line in block.split("\r\n") if line and ": " in line)
         if "event" in fields:
             events.append((fields["event"], json.loads(fields["data"]), fields.get("id")))
     return events
@@ -133,7 +131,9 @@ def test_it_searches_threads_with_pagination_headers(api: Client) -> None:
 def test_it_lists_the_interrupts_of_a_thread_waiting_on_a_human(api: Client, drain) -> None:
     tid = new_thread(api, case=1)
     r = post(
-        api, f"/threads/{tid}/runs", {"assistant_id": "refund", "input": {"order_id": "A", "amount": 5}}
+        api,
+        f"/threads/{tid}/runs",
+        {"assistant_id": "refund", "input": {"order_id": "A", "amount": 5}},
     )
     run_id = r.json()["run_id"]
     drain()
@@ -249,7 +249,9 @@ def test_it_answers_404_for_a_missing_thread_unless_if_not_exists_create(api: Cl
 def test_it_resumes_the_suspended_run_with_command_resume(api: Client, drain) -> None:
     tid = new_thread(api)
     first = post(
-        api, f"/threads/{tid}/runs", {"assistant_id": "refund", "input": {"order_id": "A", "amount": 5}}
+        api,
+        f"/threads/{tid}/runs",
+        {"assistant_id": "refund", "input": {"order_id": "A", "amount": 5}},
     ).json()
     drain()
     r = post(
@@ -352,9 +354,9 @@ def test_it_serves_assistants(api: Client) -> None:
     r = post(api, "/assistants/search", {"limit": 2, "offset": 0})
     assert r.status_code == 200 and len(r.json()) == 2
     assert int(r["X-Pagination-Total"]) >= 5 and r["X-Pagination-Next"] == "2"
-    assert [a["graph_id"] for a in post(api, "/assistants/search", {"graph_id": "echo"}).json()] == [
-        "echo"
-    ]
+    assert [
+        a["graph_id"] for a in post(api, "/assistants/search", {"graph_id": "echo"}).json()
+    ] == ["echo"]
     assert api.get("/api/assistants/echo").json()["metadata"] == {"created_by": "system"}
     assert api.get("/api/assistants/ghost").status_code == 404
     assert api.get("/api/assistants/weather/schemas").json()["graph_id"] == "weather"
@@ -388,9 +390,7 @@ def test_it_joins_a_finished_run_with_its_final_values(api: Client, drain) -> No
 @stream_db
 def test_it_joins_a_suspended_run_with_its_interrupts(api: Client, drain) -> None:
     tid = new_thread(api)
-    run = post(
-        api, f"/threads/{tid}/runs", {"assistant_id": "weather", "input": {}}
-    ).json()
+    run = post(api, f"/threads/{tid}/runs", {"assistant_id": "weather", "input": {}}).json()
     drain()
     body = body_of(api.get(f"/api/threads/{tid}/runs/{run['run_id']}/join"))
     (interrupt,) = body["__interrupt__"]

@@ -335,7 +335,7 @@ async def _stream_new_run(
         run.id,
         modes=modes,
         after=_start_after(run, payload),
-        attempt=run.attempt,
+        attempt=p.stream_attempt(run),
         cancel_on_disconnect="on_disconnect=cancel" if payload.on_disconnect == "cancel" else None,
         actor=caller.actor,
     )
@@ -524,7 +524,7 @@ async def join_run_stream(
         run.id,
         modes=modes,
         after=_last_event_id(request, run),
-        attempt=run.attempt,
+        attempt=p.stream_attempt(run),
         cancel_on_disconnect="cancel_on_disconnect" if p.as_bool(cancel_on_disconnect) else None,
         actor=caller.actor,
     )

@@ -262,6 +262,13 @@ def event_out(event: Any) -> dict[str, Any]:
     }
 
 
+def stream_attempt(run: Run) -> int:
+    """The attempt a stream's metadata reports: the next one for a run still waiting to start."""
+    if run.status == "pending":
+        return run.attempt + 1
+    return max(run.attempt, 1)
+
+
 def as_bool(value: Any) -> bool:
     """LangGraph's query booleans: true/yes/1 (the SDK sends wait=0|1)."""
     return str(value).strip().lower() in ("true", "yes", "1", "on")

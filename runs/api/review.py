@@ -169,7 +169,7 @@ async def _decide_and_stream(
         run.id,
         modes=REVIEW_STREAM_MODES,
         after=run.last_seq,
-        attempt=run.attempt,
+        attempt=p.stream_attempt(run),
         actor=caller.actor,
     )
     headers = {"Content-Location": f"/runs/{run.id}"}

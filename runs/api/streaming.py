@@ -282,7 +282,7 @@ async def sse_events(
     """metadata, the run's frames after `after`, heartbeats, then `end` {run_id, status}."""
     completed = False
     try:
-        yield sse_frame("metadata", {"run_id": str(run_id), "attempt": max(attempt, 1)})
+        yield sse_frame("metadata", {"run_id": str(run_id), "attempt": attempt})
         async with RunFollower(run_id, after=after) as follower:
             async for item in follower.items():
                 if isinstance(item, _Heartbeat):

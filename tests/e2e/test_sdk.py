@@ -188,9 +188,7 @@ async def test_it_creates_waits_joins_lists_and_deletes_runs(client: Any) -> Non
     background = await client.runs.create(None, "echo", input="bg")
     assert background["thread_id"]
     assert (await client.runs.join(background["thread_id"], background["run_id"]))["output"]
-    batch = await client.runs.create_batch(
-        [{"assistant_id": "echo", "input": i} for i in range(3)]
-    )
+    batch = await client.runs.create_batch([{"assistant_id": "echo", "input": i} for i in range(3)])
     assert [r["status"] for r in batch] == ["pending"] * 3
     parts = [p async for p in client.runs.stream(None, "echo", input="s")]
     assert parts[0].event == "metadata" and parts[-1].event == "end"
