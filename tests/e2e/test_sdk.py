@@ -416,7 +416,9 @@ async def test_it_cancels_many_by_ids_and_by_status(client: Any) -> None:
     await client.runs.cancel_many(status="running", action="interrupt")
 
     async def all_stopped() -> bool:
-        statuses = [await status_of(client, t, r["run_id"]) for t, r in zip(tids, runs)]
+        statuses = [
+            await status_of(client, t, r["run_id"]) for t, r in zip(tids, runs, strict=True)
+        ]
         return statuses == ["interrupted"] * 3
 
     await until(all_stopped)
