@@ -680,6 +680,11 @@ def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
         try:
             with transaction.atomic():
                 if _is_postgres():
+                    with connection.cursor() as cursor:
+                        # A claim lost in a database crash leaves the run pending, which is
+                        # safe, and any later (synchronous) commit of this worker flushes it
+                        # anyway: no need to wait for the WAL flush here.
+                        cursor.execute("SET LOCAL synchronous_commit TO OFF")
                     runs = list(Run.objects.raw(_CLAIM_SQL_POSTGRES, params))
                 else:
                     runs = _claim_sqlite(**params)
