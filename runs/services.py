@@ -1051,19 +1051,26 @@ def run_emit(*, lease: Lease, kind: str, data: dict[str, Any]) -> None:
         _publish_fenced(lease, fence.last_seq)
 
 
-def run_suspend(*, plans: Sequence[SuspendPlan], values: dict[str, Any] | None = None) -> None:
+def run_suspend(*, plans: Sequence[SuspendPlan], values: dict[str, Any] | None = None) -> str:
     """Park one run (or a supervisor with its sub-agents, innermost first) for a human.
 
     All plans commit together: a reviewer deciding the sub-agent's call can never find the
-    supervisor still running (and so miss the supervisor's delegation call).
+    supervisor still running (and so miss the supervisor's delegation call). A cancel
+    requested while the run was still running wins: the run is cancelled instead of parked.
+    Returns the outer run's new status ("suspended", "interrupted" or "deleted").
     """
     with transaction.atomic():
         outer = plans[-1].lease
         thread_id = Run.objects.filter(id=outer.run_id).values_list("thread_id", flat=True).first()
         _lock_thread(thread_id)
+        outer_fence = _fence(outer, events=1)
+        if outer_fence.cancel_action:
+            run = Run.objects.select_for_update(no_key=True).get(id=outer.run_id)
+            _apply_cancel(run, action=outer_fence.cancel_action, actor=None)
+            return "deleted" if outer_fence.cancel_action == CancelAction.ROLLBACK else run.status
         now = _now()
         for plan in plans:
-            fence = _fence(plan.lease, events=1)
+            fence = outer_fence if plan is plans[-1] else _fence(plan.lease, events=1)
             interrupts = []
             for w in plan.waiting:
                 ToolCall.objects.filter(
@@ -1076,9 +1083,7 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: dict[str, Any] | None =
                     suspended_at=now,
                 )
                 interrupts.append(_interrupt_of(w))
-            rows = _update_returning(
-                Run.objects.filter(id=plan.lease.run_id),
-                ["id"],
+            Run.objects.filter(id=plan.lease.run_id).update(
                 status=RunStatus.SUSPENDED,
                 suspended_at=now,
                 lease_owner=None,
@@ -1086,7 +1091,6 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: dict[str, Any] | None =
                 deadline_at=None,
                 updated_at=now,
             )
-            assert rows
             _insert_events(
                 plan.lease.run_id,
                 fence.last_seq,
@@ -1104,6 +1108,7 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: dict[str, Any] | None =
         if thread_id is not None:
             latest = values if values is not None else _latest_thread_values(thread_id)
             _refresh_thread(thread_id, values=latest)
+    return RunStatus.SUSPENDED
 
 
 def _interrupt_of(w: dict[str, Any]) -> dict[str, Any]:

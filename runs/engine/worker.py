@@ -81,8 +81,7 @@ def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
             )
             outcome_status = RunStatus.SUCCESS
         else:
-            services.run_suspend(plans=outcome.plans, values=outcome.values)
-            outcome_status = RunStatus.SUSPENDED
+            outcome_status = services.run_suspend(plans=outcome.plans, values=outcome.values)
     except RunStopped as stop:
         outcome_status = _stopped(lease, stop.reason, control)
     except LeaseLost:

@@ -1,0 +1,127 @@
+"""Two actors at once, for real: threads with their own PostgreSQL connections."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from runs import services
+from runs.exceptions import AlreadyDecided, Conflict, NotFound
+from runs.models import AuditEntry, Run, RunEvent, RunStatus, ToolCall, ToolCallStatus
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+def race(*actions: Callable[[], Any], rounds: int = 1) -> list[Any]:
+    """Run the actions at the same instant in threads; return each result or exception."""
+    barrier = threading.Barrier(len(actions))
+    results: list[Any] = [None] * len(actions)
+
+    def go(i: int, action: Callable[[], Any]) -> None:
+        try:
+            barrier.wait()
+            results[i] = action()
+        except Exception as exc:
+            results[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=go, args=(i, a)) for i, a in enumerate(actions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return results
+
+
+def suspended_refund(drain) -> Run:
+    run = services.run_create(
+        agent_id="refund", thread_id=None, input={"order_id": "R", "amount": 5}, actor="t"
+    )
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUSPENDED
+    return run
+
+
+@pytest.mark.parametrize("second", ["approve", "decline"])
+def test_two_reviewers_deciding_one_call_at_once_record_one_decision(
+    drain, reviewer, reviewer2, second
+) -> None:
+    for _ in range(5):  # several rounds: the interleaving differs each time
+        run = suspended_refund(drain)
+        tc = ToolCall.objects.get(run=run, tool_name="issue_refund")
+        other = (
+            (
+                lambda: services.tool_call_approve(
+                    run=run, actor=reviewer2, tool_call_id=tc.tool_call_id
+                )
+            )
+            if second == "approve"
+            else (
+                lambda: services.tool_call_decline(
+                    run=run, actor=reviewer2, tool_call_id=tc.tool_call_id, reason="no"
+                )
+            )
+        )
+        results = race(
+            lambda: services.tool_call_approve(
+                run=run, actor=reviewer, tool_call_id=tc.tool_call_id
+            ),
+            other,
+        )
+        winners = [r for r in results if isinstance(r, Run)]
+        losers = [r for r in results if isinstance(r, Exception)]
+        assert len(winners) == 1 and len(losers) == 1, results
+        assert isinstance(losers[0], Conflict)
+        tc.refresh_from_db()
+        assert AuditEntry.objects.filter(run_id=run.id, tool_call_id=tc.tool_call_id).count() == 1
+        assert RunEvent.objects.filter(run=run, kind="decision").count() == 1
+        if isinstance(losers[0], AlreadyDecided):
+            assert tc.decided_by in losers[0].detail
+        drain()
+
+
+def test_two_concurrent_cancels_cancel_once(drain, support) -> None:
+    for action_b in ("interrupt", "rollback"):
+        run = services.run_create(agent_id="echo", thread_id=None, input=1, actor="t")
+        results = race(
+            lambda: services.run_cancel(run=run, action="interrupt", actor=support),
+            lambda r=run, a=action_b: services.run_cancel(run=r, action=a, actor=support),
+        )
+        errors = [r for r in results if isinstance(r, Exception)]
+        assert len(errors) == 1, results
+        # the loser finds the run already interrupted (Conflict) or already rolled back (gone)
+        assert isinstance(errors[0], Conflict | NotFound), errors
+        assert AuditEntry.objects.filter(run_id=run.id).count() == 1
+        assert not Run.objects.filter(id=run.id, status__in=["pending", "running"]).exists()
+
+
+def test_a_cancel_racing_a_suspension_always_ends_cancelled(support) -> None:
+    from runs.engine.loop import StepLoop, Suspended
+    from runs.engine.context import RunControl
+
+    for _ in range(6):
+        run = services.run_create(
+            agent_id="refund", thread_id=None, input={"order_id": "C", "amount": 3}, actor="t"
+        )
+        claimed = services.run_claim(owner="racer", limit=1)[0]
+        outcome = StepLoop(
+            run=claimed.run, lease=claimed.lease, control=RunControl()
+        ).run_until_stop()
+        assert isinstance(outcome, Suspended)
+        race(
+            lambda o=outcome: services.run_suspend(plans=o.plans, values=o.values),
+            lambda r=run: services.run_cancel(run=r, action="interrupt", actor=support),
+        )
+        run.refresh_from_db()
+        # Either order: suspended-then-cancelled, or cancel-requested-then-"suspend" applying it.
+        assert run.status == RunStatus.INTERRUPTED, run.status
+        assert ToolCall.objects.get(run=run, tool_name="issue_refund").status in (
+            ToolCallStatus.AWAITING_APPROVAL,
+            ToolCallStatus.PROPOSED,
+        )
