@@ -102,8 +102,8 @@ def test_two_concurrent_cancels_cancel_once(drain, support) -> None:
 
 
 def test_a_cancel_racing_a_suspension_always_ends_cancelled(support) -> None:
-    from runs.engine.loop import StepLoop, Suspended
     from runs.engine.context import RunControl
+    from runs.engine.loop import StepLoop, Suspended
 
     for _ in range(6):
         run = services.run_create(
