@@ -439,6 +439,293 @@ def status_counts() -> dict[str, int]:
     return counts
 
 
+# --- Dashboard pages (runs/views.py, runs/consumers.py) ------------------------------------
+
+# Timeline kinds worth a line in the overview's activity feed (steps and updates are noise).
+ACTIVITY_KINDS = (
+    "created",
+    "suspended",
+    "decision",
+    "cancel_requested",
+    "cancelled",
+    "finished",
+    "lease_expired",
+    "retry",
+)
+
+
+@dataclass
+class HourBucket:
+    hour: datetime
+    success: int = 0
+    failed: int = 0  # error and timeout
+    cancelled: int = 0  # interrupted (rolled-back runs no longer exist)
+
+    @property
+    def total(self) -> int:
+        return self.success + self.failed + self.cancelled
+
+
+@dataclass
+class Overview:
+    counts: dict[str, int]
+    suspended_longest: list[Run]
+    stuck: list[Run]
+    stuck_total: int
+    activity: list[RunEvent]
+    hourly: list[HourBucket]
+
+
+def runs_ended_per_hour(*, hours: int = 24, now: datetime | None = None) -> list[HourBucket]:
+    """Top-level runs that ended in each of the last `hours` hours, oldest hour first."""
+    from django.db.models import Count
+    from django.db.models.functions import TruncHour
+
+    from runs.models import TERMINAL_STATUSES
+
+    now = now or timezone.now()
+    start = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours - 1)
+    hours_list = [start + timedelta(hours=i) for i in range(hours)]
+    buckets = {hour: HourBucket(hour=hour) for hour in hours_list}
+    rows = (
+        Run.objects.filter(
+            parent_run__isnull=True, finished_at__gte=start, status__in=TERMINAL_STATUSES
+        )
+        .annotate(hour=TruncHour("finished_at"))
+        .values("hour", "status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for row in rows:
+        bucket = buckets.get(row["hour"])
+        if bucket is None:
+            continue
+        if row["status"] == RunStatus.SUCCESS:
+            bucket.success += row["n"]
+        elif row["status"] == RunStatus.INTERRUPTED:
+            bucket.cancelled += row["n"]
+        else:
+            bucket.failed += row["n"]
+    return list(buckets.values())
+
+
+def activity_feed(*, limit: int = 15) -> list[RunEvent]:
+    """The latest notable events across all runs, newest first, each with its run."""
+    return list(
+        RunEvent.objects.filter(kind__in=ACTIVITY_KINDS)
+        .select_related("run")
+        .order_by("-created_at", "-id")[:limit]
+    )
+
+
+def dashboard_overview(*, limit: int = 8) -> Overview:
+    """Everything the overview page shows: counts, oldest waits, stuck runs, activity, chart."""
+    stuck = runs_filtered(RunFilters(stuck=True)).order_by("created_at", "id")
+    return Overview(
+        counts=status_counts(),
+        suspended_longest=list(inbox(RunFilters(), oldest_first=True)[:limit]),
+        stuck=list(stuck[:limit]),
+        stuck_total=stuck.count(),
+        activity=activity_feed(),
+        hourly=runs_ended_per_hour(),
+    )
+
+
+def run_list_position(
+    queryset: QuerySet[Run], run_id: UUID, ordering: tuple[str, ...]
+) -> int | None:
+    """The 0-based index of a run within an ordered list, or None when it is not in the list.
+
+    Used by live list pages to insert a row pushed over the websocket at its place. `ordering`
+    is the list's order_by() (e.g. ("-suspended_at", "-id")); it must end with a unique field.
+    """
+    row = queryset.filter(id=run_id).values(*[f.lstrip("-") for f in ordering]).first()
+    if row is None:
+        return None
+    # Keyset: rows strictly before this one in the ordering (a, b): a < x or (a = x and b < y).
+    before = Q(pk__in=[])
+    equal = Q()
+    for field_name in ordering:
+        name = field_name.lstrip("-")
+        value = row[name]
+        if value is None:
+            # NULLs sort apart per backend; such rows are rare (suspended without a time).
+            return None
+        op = "gt" if field_name.startswith("-") else "lt"
+        before |= equal & Q(**{f"{name}__{op}": value})
+        equal &= Q(**{name: value})
+    return queryset.filter(before).count()
+
+
+def inbox_rows(run_ids: list[UUID]) -> list[Run]:
+    """Runs as the inbox shows them, decided or not: waiting calls plus every tool call."""
+    return list(
+        Run.objects.filter(id__in=run_ids).prefetch_related(
+            waiting_tool_calls_prefetch(),
+            Prefetch("tool_calls", queryset=ToolCall.objects.order_by("created_at", "id")),
+        )
+    )
+
+
+@dataclass
+class RunPage:
+    run: Run
+    tool_calls: list[ToolCall]  # the latest ones plus every one still waiting, in order
+    tool_calls_total: int
+    checkpoints: list[Checkpoint]  # the latest ones, newest first, `values` deferred
+    checkpoints_total: int
+    state: Any  # values of the run's latest checkpoint
+    children: list[Run]
+    events: list[RunEvent]  # newest first
+    delegated_from: ToolCall | None  # the supervisor's call that started this sub-agent run
+    revert_to: Checkpoint | None  # the thread state a rollback of this run goes back to
+
+
+def run_page(
+    run_id: UUID,
+    *,
+    events_limit: int = 100,
+    events_before: int | None = None,
+    tool_calls_limit: int = 50,
+    checkpoints_limit: int = 20,
+) -> RunPage:
+    """One run with everything its dashboard page shows, bounded for long runs."""
+    run = Run.objects.select_related("thread", "parent_run").filter(id=run_id).first()
+    if run is None:
+        raise NotFound(f"Run {run_id} not found", code="run_not_found")
+    events = run.events.order_by("-seq")
+    if events_before is not None:
+        events = events.filter(seq__lt=events_before)
+    revert_to = None
+    if run.thread_id is not None and run.parent_run_id is None:
+        revert_to = (
+            Checkpoint.objects.filter(thread_id=run.thread_id)
+            .exclude(run_id=run.id)
+            .defer("values")
+            .order_by("-created_at", "-id")
+            .first()
+        )
+    calls = run.tool_calls.select_related("child_run")
+    latest = list(calls.order_by("-step", "-created_at", "-id")[:tool_calls_limit])
+    seen = {tc.id for tc in latest}
+    waiting = [tc for tc in calls.filter(status__in=PENDING_DECISION_STATUSES) if tc.id not in seen]
+    tool_calls = sorted([*latest, *waiting], key=lambda tc: (tc.step, tc.created_at, tc.id))
+    checkpoints = list(run.checkpoints.defer("values").order_by("-step")[:checkpoints_limit])
+    return RunPage(
+        run=run,
+        tool_calls=tool_calls,
+        tool_calls_total=len(tool_calls) if len(latest) < tool_calls_limit else calls.count(),
+        checkpoints=checkpoints,
+        checkpoints_total=(
+            len(checkpoints) if len(checkpoints) < checkpoints_limit else run.checkpoints.count()
+        ),
+        state=(
+            run.checkpoints.order_by("-step").values_list("values", flat=True).first()
+            if checkpoints
+            else None
+        ),
+        children=list(run.child_runs.order_by("created_at", "id")),
+        events=list(events[: max(1, min(events_limit, 1000))]),
+        delegated_from=(
+            ToolCall.objects.filter(child_run_id=run.id).first() if run.parent_run_id else None
+        ),
+        revert_to=revert_to,
+    )
+
+
+def tool_call_get(run_id: UUID, tool_call_id: str) -> ToolCall:
+    """One tool call of a run, with its run."""
+    tc = (
+        ToolCall.objects.select_related("run")
+        .filter(run_id=run_id, tool_call_id=tool_call_id)
+        .first()
+    )
+    if tc is None:
+        raise NotFound(
+            f"Tool call {tool_call_id} not found on run {run_id}", code="tool_call_not_found"
+        )
+    return tc
+
+
+@dataclass
+class ThreadPage:
+    thread: Thread
+    runs: list[Run]
+    runs_total: int
+    checkpoints: list[Checkpoint]
+
+
+def thread_page(thread_id: UUID, *, limit: int = 50) -> ThreadPage:
+    """A thread with its top-level runs (newest first) and its checkpoint history."""
+    thread = thread_get(thread_id)
+    runs = Run.objects.filter(thread_id=thread.id, parent_run__isnull=True)
+    return ThreadPage(
+        thread=thread,
+        runs=list(
+            runs.order_by("-created_at", "-id").prefetch_related(waiting_tool_calls_prefetch())[
+                :limit
+            ]
+        ),
+        runs_total=runs.count(),
+        checkpoints=thread_history(thread, limit=limit),
+    )
+
+
+def runs_cancel_preview(
+    *, run_ids: list[UUID] | None = None, queryset: QuerySet[Run] | None = None
+) -> dict[str, int]:
+    """What runs_cancel_many would touch: active top-level runs by status, plus "total"."""
+    from django.db.models import Count
+
+    qs = queryset if queryset is not None else Run.objects.filter(id__in=list(run_ids or []))
+    counts = {s: 0 for s in ACTIVE_STATUSES}
+    rows = (
+        qs.filter(parent_run__isnull=True, status__in=ACTIVE_STATUSES)
+        .values("status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for row in rows:
+        counts[row["status"]] = row["n"]
+    return {**counts, "total": sum(counts.values())}
+
+
+@dataclass
+class AuditFilters:
+    actor: str | None = None
+    action: str | None = None
+    run_id: UUID | None = None
+    thread_id: UUID | None = None
+    agent_id: str | None = None
+    resource_id: str | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+
+
+def audit_entries(filters: AuditFilters) -> QuerySet[Any]:
+    """Audit entries matching `filters`, newest first."""
+    from runs.models import AuditEntry
+
+    qs = AuditEntry.objects.all()
+    if filters.actor:
+        qs = qs.filter(actor=filters.actor)
+    if filters.action:
+        qs = qs.filter(action=filters.action)
+    if filters.run_id:
+        qs = qs.filter(run_id=filters.run_id)
+    if filters.thread_id:
+        qs = qs.filter(thread_id=filters.thread_id)
+    if filters.agent_id:
+        qs = qs.filter(agent_id=filters.agent_id)
+    if filters.resource_id:
+        qs = qs.filter(resource_id=filters.resource_id)
+    if filters.created_from:
+        qs = qs.filter(created_at__gte=filters.created_from)
+    if filters.created_to:
+        qs = qs.filter(created_at__lte=filters.created_to)
+    return qs.order_by("-created_at", "-id")
+
+
 def active_run_ids(run_ids: list[UUID]) -> list[UUID]:
     return list(
         Run.objects.filter(id__in=run_ids, status__in=ACTIVE_STATUSES).values_list("id", flat=True)

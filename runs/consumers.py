@@ -1,0 +1,302 @@
+"""Websockets of the dashboard: each open page gets its regions pushed as they change.
+
+`RunsConsumer` serves the list pages (overview, inbox, runs) on the `runs` group and the
+thread page on `thread.<id>`; `RunConsumer` serves one run page on `run.<id>` (which also hears
+its sub-agent runs). Both authenticate the session in `connect` (the origin is checked by
+`AllowedHostsOriginValidator` in runsite/asgi.py), read the database only through
+`database_sync_to_async`, and push the same fragments the views render (runs/fragments.py),
+rendered for the connected user's permissions.
+
+`run.changed` messages arrive for every committed change. A consumer collects them for a short
+while and renders once per batch, so a run stepping ten times a second costs a few renders, not
+ten per viewer. Messages carry the run's event seq; the browser drops fragments older than what
+it shows and re-fetches a region when it sees a gap (static/runs/app.js).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+from uuid import UUID
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.http import QueryDict
+
+from runs import selectors
+from runs.exceptions import NotFound
+from runs.forms import PAGE_SIZE, InboxFilterForm, RunFilterForm
+from runs.fragments import Fragments
+from runs.live import RUNS_GROUP, run_group, thread_group
+from runs.models import TERMINAL_STATUSES, RunStatus
+
+logger = logging.getLogger(__name__)
+
+MAX_WATCHED = 100
+# Statuses a run can have right after entering or leaving the suspended state.
+INBOX_RELEVANT = {RunStatus.SUSPENDED, RunStatus.PENDING, RunStatus.INTERRUPTED, "deleted"}
+
+
+class _BatchingConsumer(AsyncWebsocketConsumer):
+    """Collects `run.changed` messages and renders them in batches (latest seq per run)."""
+
+    batch_seconds = 0.15
+
+    async def connect(self) -> None:
+        self.user = self.scope.get("user")
+        self.groups_joined: list[str] = []
+        self._pending: dict[str, dict[str, Any]] = {}
+        self._flush_task: asyncio.Task[None] | None = None
+        if self.user is None or not self.user.is_authenticated:
+            # Closing before accept() refuses the handshake (the browser sees HTTP 403).
+            await self.close()
+            return
+        self.params = QueryDict(self.scope.get("query_string", b"").decode("latin-1"))
+        try:
+            groups = await database_sync_to_async(self.prepare)()
+        except (ValueError, NotFound):
+            await self.close()
+            return
+        for group in groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.groups_joined.append(group)
+        await self.accept()
+        await self.catch_up()
+
+    async def disconnect(self, code: int) -> None:
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+        for group in getattr(self, "groups_joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def run_changed(self, event: dict[str, Any]) -> None:
+        self.queue(event)
+
+    def queue(self, event: dict[str, Any]) -> None:
+        run_id = str(event.get("run_id"))
+        previous = self._pending.get(run_id)
+        if previous is None or int(event.get("seq") or 0) >= int(previous.get("seq") or 0):
+            self._pending[run_id] = event
+        if self._flush_task is None:
+            self._flush_task = asyncio.ensure_future(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        try:
+            await asyncio.sleep(self.batch_seconds)
+            while self._pending:
+                batch, self._pending = self._pending, {}
+                try:
+                    html = await database_sync_to_async(self.render)(list(batch.values()))
+                except Exception:
+                    # A failed render must not kill the socket: the page re-fetches on the next
+                    # change (or its poll) and the error is in the log.
+                    logger.exception("live: rendering a push failed")
+                    continue
+                if html:
+                    await self.send(text_data=html)
+        finally:
+            self._flush_task = None
+
+    # Subclasses: which groups to join (sync, may read the database), what to send on connect,
+    # and how to render a batch of changes (sync, runs in a thread).
+    def prepare(self) -> list[str]:
+        raise NotImplementedError
+
+    async def catch_up(self) -> None:
+        return None
+
+    def render(self, changes: list[dict[str, Any]]) -> str:
+        raise NotImplementedError
+
+
+class RunsConsumer(_BatchingConsumer):
+    """Overview, inbox and runs pages (group `runs`), and a thread page (`thread.<id>`)."""
+
+    def prepare(self) -> list[str]:
+        self.user.get_all_permissions()  # load the permission cache once, here, in a thread
+        self.fragments = Fragments(self.user)
+        self.watched: set[str] = set()
+        thread_id = self.scope["url_route"]["kwargs"].get("thread_id")
+        if thread_id is not None:
+            self.view = "thread"
+            self.thread_id = thread_id
+            self.batch_seconds = 0.3
+            return [thread_group(thread_id)]
+        self.view = self.params.get("view", "runs")
+        if self.view == "overview":
+            # The whole page re-renders on a change: at most once a second.
+            self.batch_seconds = 1.0
+        elif self.view == "inbox":
+            form = InboxFilterForm(self.params)
+            self.filters = form.run_filters()
+            self.queryset = selectors.inbox(self.filters, oldest_first=form.oldest_first)
+            self.ordering = form.ordering
+            self.page = form.page_number
+        elif self.view == "runs":
+            form = RunFilterForm(self.params)
+            self.filters = form.run_filters()
+            self.queryset = (
+                selectors.runs_filtered(self.filters)
+                .order_by(*form.ordering)
+                .prefetch_related(selectors.waiting_tool_calls_prefetch())
+            )
+            self.ordering = form.ordering
+            self.page = form.page_number
+        else:
+            raise ValueError(f"unknown view {self.view!r}")
+        return [RUNS_GROUP]
+
+    async def catch_up(self) -> None:
+        """Changes committed between the page's render and this connection."""
+        try:
+            since = float(self.params.get("at", ""))
+        except ValueError:
+            return
+        changed = await database_sync_to_async(self._changed_since)(since)
+        for event in changed:
+            self.queue(event)
+
+    def _changed_since(self, since: float) -> list[dict[str, Any]]:
+        from datetime import UTC, datetime
+
+        if self.view not in ("inbox", "runs"):
+            return []
+        moment = datetime.fromtimestamp(since - 1.0, tz=UTC)  # a second of clock slack
+        runs = selectors.runs_filtered(selectors.RunFilters(top_level_only=False))
+        rows = runs.filter(updated_at__gte=moment).values_list(
+            "id", "status", "last_seq", "parent_run_id"
+        )[:200]
+        return [
+            {"run_id": str(rid), "status": status, "seq": seq, "parent_run_id": parent}
+            for rid, status, seq, parent in rows
+        ]
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        """The inbox asks to keep following a run its reviewer just decided: {"watch": id}."""
+        try:
+            run_id = str(UUID(str(json.loads(text_data or "{}").get("watch"))))
+        except (ValueError, TypeError, AttributeError):
+            return
+        if self.view == "inbox" and len(self.watched) < MAX_WATCHED:
+            self.watched.add(run_id)
+            self.queue({"run_id": run_id, "seq": 0, "status": "watch"})
+
+    def render(self, changes: list[dict[str, Any]]) -> str:
+        if self.view == "overview":
+            return self.fragments.overview_regions(selectors.dashboard_overview())
+        if self.view == "thread":
+            try:
+                page = selectors.thread_page(UUID(str(self.thread_id)))
+            except NotFound:
+                return self.fragments.flash("This thread was deleted.", "warning")
+            return self.fragments.thread_regions(page)
+        return self._render_list(changes)
+
+    def _render_list(self, changes: list[dict[str, Any]]) -> str:
+        inbox = self.view == "inbox"
+        relevant = [
+            c
+            for c in changes
+            if (not c.get("parent_run_id") or not self.filters.top_level_only)
+            and (not inbox or c.get("status") in INBOX_RELEVANT or c["run_id"] in self.watched)
+        ]
+        if not relevant:
+            return ""
+        parts = []
+        start = (self.page - 1) * PAGE_SIZE
+        prefix = "inbox-row-" if inbox else "run-row-"
+        for change in relevant:
+            run_id = change["run_id"]
+            if change.get("status") == "deleted":
+                parts.append(self.fragments.row_delete(f"{prefix}{run_id}", change.get("seq") or 0))
+                continue
+            position = selectors.run_list_position(self.queryset, UUID(run_id), self.ordering)
+            on_page = position is not None and start <= position < start + PAGE_SIZE
+            if on_page:
+                assert position is not None
+                parts.append(self._row(run_id, insert_at=position - start))
+            elif inbox and run_id in self.watched:
+                parts.append(self._row(run_id, decided=True))
+            else:
+                parts.append(self.fragments.row_delete(f"{prefix}{run_id}", change.get("seq") or 0))
+        total = self.queryset.count()
+        noun = "waiting run" if inbox else "run"
+        parts.append(
+            self.fragments.list_total("inbox-total" if inbox else "runs-total", total, noun)
+        )
+        parts.append(
+            self.fragments.nav_inbox_count(
+                total if inbox and not _has_filters(self.filters) else _inbox_count()
+            )
+        )
+        return "\n".join(p for p in parts if p)
+
+    def _row(self, run_id: str, *, insert_at: int | None = None, decided: bool = False) -> str:
+        if self.view == "inbox":
+            rows = selectors.inbox_rows([UUID(run_id)])
+            if not rows:
+                return self.fragments.row_delete(f"inbox-row-{run_id}")
+            run = rows[0]
+            if decided and run.status in TERMINAL_STATUSES:
+                self.watched.discard(run_id)
+            return self.fragments.inbox_row(run, insert_at=insert_at, decided=decided)
+        run = self.queryset.filter(id=run_id).first()
+        if run is None:
+            return self.fragments.row_delete(f"run-row-{run_id}")
+        return self.fragments.run_row(run, insert_at=insert_at)
+
+
+def _has_filters(filters: selectors.RunFilters) -> bool:
+    return filters != selectors.RunFilters()
+
+
+def _inbox_count() -> int:
+    return selectors.inbox(selectors.RunFilters()).count()
+
+
+class RunConsumer(_BatchingConsumer):
+    """One run's page (group `run.<id>`, which also hears the run's sub-agent runs)."""
+
+    batch_seconds = 0.1
+    io_every_seconds = 2.0  # input/output/state can be large: refreshed at most this often
+
+    def prepare(self) -> list[str]:
+        self.user.get_all_permissions()
+        self.fragments = Fragments(self.user)
+        self.run_id = self.scope["url_route"]["kwargs"]["run_id"]
+        try:
+            self.sent_seq = max(0, int(self.params.get("seq", "0")))
+        except ValueError:
+            self.sent_seq = 0
+        self._io_status: str | None = None
+        self._io_at = 0.0
+        return [run_group(self.run_id)]
+
+    async def catch_up(self) -> None:
+        # Render once now: if the run moved on since the page was rendered, this sends it.
+        self.queue({"run_id": str(self.run_id), "seq": 0, "status": "catch_up"})
+
+    def render(self, changes: list[dict[str, Any]]) -> str:
+        mine = [c for c in changes if c.get("run_id") == str(self.run_id)]
+        deleted = next((c for c in mine if c.get("status") == "deleted"), None)
+        if deleted is not None:
+            return self.fragments.run_deleted(self.run_id, int(deleted.get("seq") or 0))
+        try:
+            page = selectors.run_page(UUID(str(self.run_id)))
+        except NotFound:
+            return self.fragments.run_deleted(self.run_id, 2**31 - 1)
+        others = len(mine) < len(changes)  # a sub-agent run changed
+        if page.run.last_seq <= self.sent_seq and not others:
+            self._io_status = self._io_status or page.run.status
+            return ""  # nothing the page does not show already
+        now = time.monotonic()
+        with_io = page.run.status != self._io_status or now - self._io_at >= self.io_every_seconds
+        if with_io:
+            self._io_status, self._io_at = page.run.status, now
+        html = self.fragments.run_regions(page, timeline_after=self.sent_seq, with_io=with_io)
+        if page.events:
+            self.sent_seq = max(self.sent_seq, page.events[0].seq)
+        return html

@@ -1,0 +1,357 @@
+"""Forms of the dashboard: list filters (all in the URL) and the decision/cancel forms.
+
+Forms only parse and check shapes; the rules (may this tool call still be decided, do these
+arguments match the tool's schema) are the services'. Their field errors come back as
+`ValidationFailed.errors` and are put next to the matching field by `add_service_errors`.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from django import forms
+
+from runs.engine.registry import all_agents
+from runs.exceptions import ValidationFailed
+from runs.models import CancelAction, RunStatus
+from runs.selectors import AuditFilters, RunFilters
+
+PAGE_SIZE = 50
+BULK_CONFIRM_ABOVE = 20  # more runs than this need the count typed to confirm
+
+
+def agent_choices() -> list[tuple[str, str]]:
+    return [("", "any agent")] + [(a, a) for a in sorted(all_agents())]
+
+
+def tool_choices() -> list[tuple[str, str]]:
+    names = sorted({t.name for a in all_agents().values() for t in a.tools})
+    return [("", "any tool")] + [(n, n) for n in names]
+
+
+class DateTimeInput(forms.DateTimeInput):
+    input_type = "datetime-local"
+
+    def __init__(self) -> None:
+        super().__init__(format="%Y-%m-%dT%H:%M")
+
+
+class _FilterForm(forms.Form):
+    """GET filters: invalid values are reported and ignored, never a 500."""
+
+    def filters_kwargs(self) -> dict[str, Any]:
+        self.is_valid()
+        data = getattr(self, "cleaned_data", {})
+        return {k: v for k, v in data.items() if k not in self.errors}
+
+
+class InboxFilterForm(_FilterForm):
+    agent = forms.ChoiceField(required=False)
+    tool = forms.ChoiceField(required=False)
+    thread = forms.UUIDField(required=False)
+    resource = forms.CharField(required=False, max_length=255)
+    date_from = forms.DateTimeField(required=False, label="Created from", widget=DateTimeInput())
+    date_to = forms.DateTimeField(required=False, label="to", widget=DateTimeInput())
+    waiting = forms.IntegerField(required=False, min_value=0, label="Waiting longer than (min)")
+    order = forms.ChoiceField(
+        required=False, choices=[("newest", "newest first"), ("oldest", "oldest first")]
+    )
+    page = forms.IntegerField(required=False, min_value=1)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["agent"].choices = agent_choices()
+        self.fields["tool"].choices = tool_choices()
+
+    def run_filters(self) -> RunFilters:
+        d = self.filters_kwargs()
+        return RunFilters(
+            agent_id=d.get("agent") or None,
+            tool_name=d.get("tool") or None,
+            thread_id=d.get("thread"),
+            resource_id=d.get("resource") or None,
+            created_from=d.get("date_from"),
+            created_to=d.get("date_to"),
+            waiting_longer_than=timedelta(minutes=d["waiting"]) if d.get("waiting") else None,
+        )
+
+    @property
+    def oldest_first(self) -> bool:
+        return self.filters_kwargs().get("order") == "oldest"
+
+    @property
+    def ordering(self) -> tuple[str, ...]:
+        return ("suspended_at", "id") if self.oldest_first else ("-suspended_at", "-id")
+
+    @property
+    def page_number(self) -> int:
+        return self.filters_kwargs().get("page") or 1
+
+
+class RunFilterForm(_FilterForm):
+    status = forms.MultipleChoiceField(
+        required=False, choices=RunStatus.choices, widget=forms.CheckboxSelectMultiple
+    )
+    agent = forms.ChoiceField(required=False)
+    thread = forms.UUIDField(required=False)
+    resource = forms.CharField(required=False, max_length=255)
+    created_from = forms.DateTimeField(required=False, widget=DateTimeInput())
+    created_to = forms.DateTimeField(required=False, widget=DateTimeInput())
+    stuck = forms.BooleanField(required=False)
+    pending_longer = forms.IntegerField(
+        required=False, min_value=0, label="Pending longer than (min)"
+    )
+    subagents = forms.BooleanField(required=False, label="Include sub-agent runs")
+    page = forms.IntegerField(required=False, min_value=1)
+
+    ordering = ("-created_at", "-id")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["agent"].choices = agent_choices()
+
+    def run_filters(self) -> RunFilters:
+        d = self.filters_kwargs()
+        return RunFilters(
+            status=d.get("status") or None,
+            agent_id=d.get("agent") or None,
+            thread_id=d.get("thread"),
+            resource_id=d.get("resource") or None,
+            created_from=d.get("created_from"),
+            created_to=d.get("created_to"),
+            stuck=bool(d.get("stuck")),
+            pending_longer_than=(
+                timedelta(minutes=d["pending_longer"]) if d.get("pending_longer") else None
+            ),
+            top_level_only=not d.get("subagents"),
+        )
+
+    @property
+    def page_number(self) -> int:
+        return self.filters_kwargs().get("page") or 1
+
+
+AUDIT_ACTIONS = [
+    "approve",
+    "decline",
+    "answer",
+    "cancel_interrupt",
+    "cancel_rollback",
+    "run_delete",
+    "thread_delete",
+    "state_update",
+]
+
+
+class AuditFilterForm(_FilterForm):
+    actor = forms.CharField(required=False, max_length=150)
+    action = forms.ChoiceField(
+        required=False, choices=[("", "any action")] + [(a, a) for a in AUDIT_ACTIONS]
+    )
+    run = forms.UUIDField(required=False)
+    thread = forms.UUIDField(required=False)
+    agent = forms.ChoiceField(required=False)
+    resource = forms.CharField(required=False, max_length=255)
+    date_from = forms.DateTimeField(required=False, label="From", widget=DateTimeInput())
+    date_to = forms.DateTimeField(required=False, label="To", widget=DateTimeInput())
+    page = forms.IntegerField(required=False, min_value=1)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["agent"].choices = agent_choices()
+
+    def audit_filters(self) -> AuditFilters:
+        d = self.filters_kwargs()
+        return AuditFilters(
+            actor=d.get("actor") or None,
+            action=d.get("action") or None,
+            run_id=d.get("run"),
+            thread_id=d.get("thread"),
+            agent_id=d.get("agent") or None,
+            resource_id=d.get("resource") or None,
+            created_from=d.get("date_from"),
+            created_to=d.get("date_to"),
+        )
+
+    @property
+    def page_number(self) -> int:
+        return self.filters_kwargs().get("page") or 1
+
+
+# --- decisions ------------------------------------------------------------------------------
+
+
+class ToolCallForm(forms.Form):
+    tool_call_id = forms.CharField(max_length=128)
+    # Where the action was taken: the inbox answers with its row, the run page with its regions.
+    origin = forms.ChoiceField(
+        required=False, choices=[("run", "run"), ("inbox", "inbox")], initial="run"
+    )
+
+
+class DeclineForm(ToolCallForm):
+    reason = forms.CharField(
+        max_length=10_000,
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": "Why? The agent sees this."}),
+    )
+
+
+def _field_for(name: str, schema: dict[str, Any], required: bool) -> forms.Field:
+    """A form field for one JSON-schema property (strings, numbers, booleans, enums)."""
+    kind = schema.get("type")
+    label = schema.get("title") or name.replace("_", " ")
+    help_text = schema.get("description", "")
+    common: dict[str, Any] = {"label": label, "help_text": help_text, "required": required}
+    if "enum" in schema:
+        choices = [(json.dumps(v), str(v)) for v in schema["enum"]]
+        if not required:
+            choices = [("", "—"), *choices]
+        return forms.TypedChoiceField(
+            choices=choices, coerce=json.loads, empty_value=None, **common
+        )
+    if kind == "boolean":
+        return forms.BooleanField(**{**common, "required": False})
+    if kind == "integer":
+        return forms.IntegerField(
+            min_value=schema.get("minimum"), max_value=schema.get("maximum"), **common
+        )
+    if kind == "number":
+        return forms.FloatField(
+            min_value=schema.get("minimum"), max_value=schema.get("maximum"), **common
+        )
+    if kind == "string":
+        field = forms.CharField(
+            min_length=schema.get("minLength") or None,
+            max_length=schema.get("maxLength"),
+            strip=False,
+            **common,
+        )
+        if (schema.get("maxLength") or 0) > 200:
+            field.widget = forms.Textarea(attrs={"rows": 3})
+        return field
+    return forms.JSONField(**common, widget=forms.Textarea(attrs={"rows": 3}))
+
+
+SIMPLE_TYPES = {"string", "integer", "number", "boolean"}
+
+
+def schema_is_simple(schema: dict[str, Any] | None) -> bool:
+    """An object schema whose properties are all scalars or enums: shown as fields."""
+    if not schema or schema.get("type") != "object":
+        return False
+    props = schema.get("properties") or {}
+    return bool(props) and all(
+        isinstance(p, dict) and ("enum" in p or p.get("type") in SIMPLE_TYPES)
+        for p in props.values()
+    )
+
+
+class SchemaForm(ToolCallForm):
+    """Fields generated from a JSON schema, or one JSON text area when the schema is not flat.
+
+    `data_value()` returns the JSON object to hand to the service: optional fields left empty
+    are omitted rather than sent as "" (the schema decides what empty means).
+    """
+
+    json_field = "json"
+
+    def __init__(
+        self,
+        *args: Any,
+        schema: dict[str, Any] | None,
+        initial_value: Any = None,
+        json_mode: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        data = args[0] if args else kwargs.get("data")
+        mode = "json" if json_mode else (data.get("mode") if data is not None else None)
+        super().__init__(*args, **kwargs)
+        self.schema = schema
+        extra_keys = isinstance(initial_value, dict) and set(initial_value) - set(
+            (schema or {}).get("properties") or {}
+        )
+        self.as_fields = schema_is_simple(schema) and mode != "json" and not extra_keys
+        if self.as_fields:
+            required = set((schema or {}).get("required") or [])
+            for name, prop in (schema or {}).get("properties", {}).items():
+                self.fields[f"f_{name}"] = _field_for(name, prop, name in required)
+                if isinstance(initial_value, dict) and name in initial_value:
+                    value = initial_value[name]
+                    if "enum" in prop:
+                        value = json.dumps(value)
+                    self.fields[f"f_{name}"].initial = value
+        else:
+            self.fields[self.json_field] = forms.JSONField(
+                label="JSON",
+                widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false", "class": "mono"}),
+                initial=initial_value if initial_value is not None else {},
+            )
+
+    @property
+    def schema_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name in self.fields if name.startswith("f_") or name == "json"]
+
+    def data_value(self) -> Any:
+        if not self.as_fields:
+            return self.cleaned_data[self.json_field]
+        value = {}
+        for name in self.fields:
+            if not name.startswith("f_"):
+                continue
+            field_value = self.cleaned_data.get(name)
+            if field_value is None or (field_value == "" and not self.fields[name].required):
+                continue
+            value[name[2:]] = field_value
+        return value
+
+    def add_service_errors(self, exc: ValidationFailed, prefix: str) -> None:
+        """Put the service's schema errors ("resume_data.city") next to their field."""
+        for error in exc.errors or [{"field": prefix, "message": exc.detail}]:
+            field = str(error.get("field") or "")
+            name = field[len(prefix) + 1 :].split(".")[0] if field.startswith(f"{prefix}.") else ""
+            target = f"f_{name}" if self.as_fields and f"f_{name}" in self.fields else None
+            if target is None and not self.as_fields:
+                target = self.json_field
+            self.add_error(target, error.get("message") or exc.detail)
+
+
+class CancelForm(forms.Form):
+    action = forms.ChoiceField(choices=CancelAction.choices)
+    reason = forms.CharField(required=False, max_length=2000)
+
+
+class BulkCancelForm(forms.Form):
+    """The selection (ids, or every run matching the list's filters) and the confirmation."""
+
+    action = forms.ChoiceField(choices=CancelAction.choices)
+    reason = forms.CharField(required=False, max_length=2000)
+    run_ids = forms.TypedMultipleChoiceField(required=False, coerce=UUID, choices=())
+    all_matching = forms.BooleanField(required=False)
+    step = forms.ChoiceField(choices=[("preview", "preview"), ("confirm", "confirm")])
+    expected = forms.IntegerField(required=False, min_value=0)
+    confirm_text = forms.CharField(required=False, max_length=20)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Any UUID is a valid choice; which runs exist is the service's business.
+        self.fields["run_ids"].valid_value = lambda value: True  # type: ignore[attr-defined]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if not data.get("all_matching") and not data.get("run_ids"):
+            raise forms.ValidationError(
+                "Select at least one run, or every run matching the filter."
+            )
+        return data
+
+    def needs_typed_confirmation(self, count: int) -> bool:
+        return count > BULK_CONFIRM_ABOVE
+
+    def confirmation_ok(self) -> bool:
+        expected = self.cleaned_data.get("expected") or 0
+        if not self.needs_typed_confirmation(expected):
+            return True
+        return (self.cleaned_data.get("confirm_text") or "").strip() == str(expected)

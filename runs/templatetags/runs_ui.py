@@ -1,0 +1,344 @@
+"""Small display helpers for the dashboard: timestamps, ids, status badges, untrusted JSON.
+
+Everything that shows data from runs (tool arguments, payloads, outputs) is untrusted: it goes
+through `conditional_escape`/`format_html` here, never through `mark_safe` on raw text.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from django import template
+from django.utils import timezone
+from django.utils.html import conditional_escape, format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
+
+register = template.Library()
+
+FOLD_STRING = 160  # characters before a string value is folded
+FOLD_ITEMS = 12  # items before a nested list/object is folded
+MAX_DEPTH = 12
+
+
+def relative(value: datetime, now: datetime | None = None) -> str:
+    """ "12 s ago", "5 min ago", "3 h ago", "2 d ago" (and "in …" for the future)."""
+    now = now or timezone.now()
+    seconds = (now - value).total_seconds()
+    future = seconds < 0
+    seconds = abs(seconds)
+    if seconds < 5:
+        return "just now"
+    if seconds < 60:
+        text = f"{int(seconds)} s"
+    elif seconds < 3600:
+        text = f"{int(seconds // 60)} min"
+    elif seconds < 86400:
+        text = f"{int(seconds // 3600)} h"
+    else:
+        text = f"{int(seconds // 86400)} d"
+    return f"in {text}" if future else f"{text} ago"
+
+
+@register.simple_tag
+def ts(value: datetime | None, empty: str = "—") -> SafeString:
+    """A relative time, with the exact time on hover; app.js keeps the text current."""
+    if value is None:
+        return format_html('<span class="muted">{}</span>', empty)
+    exact = timezone.localtime(value)
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>',
+        value.isoformat(),
+        exact.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        relative(value),
+    )
+
+
+@register.filter
+def duration(start: datetime | None, end: datetime | None = None) -> str:
+    if start is None:
+        return ""
+    delta: timedelta = (end or timezone.now()) - start
+    seconds = max(0.0, delta.total_seconds())
+    if seconds < 1:
+        return f"{int(seconds * 1000)} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+
+
+@register.simple_tag
+def copy_id(value: Any, length: int = 8) -> SafeString:
+    """A short id with its full value on hover and a button that copies it."""
+    if value is None or value == "":
+        return format_html('<span class="muted">{}</span>', "—")
+    full = str(value)
+    short = full if len(full) <= length + 2 else full[:length]
+    return format_html(
+        '<span class="id"><code title="{}">{}</code>'
+        '<button type="button" class="copy" data-copy="{}" title="Copy {}" '
+        'aria-label="Copy id">{}</button></span>',
+        full,
+        short,
+        full,
+        full,
+        COPY_ICON,
+    )
+
+
+COPY_ICON = mark_safe(  # a constant
+    '<svg viewBox="0 0 16 16" width="12" height="12" aria-hidden="true"><rect x="5" y="5" '
+    'width="9" height="9" rx="1.5" fill="none" stroke="currentColor" stroke-width="1.5"/>'
+    '<path d="M11 3.5V3a1.5 1.5 0 0 0-1.5-1.5H3A1.5 1.5 0 0 0 1.5 3v6.5A1.5 1.5 0 0 0 3 11h.5" '
+    'fill="none" stroke="currentColor" stroke-width="1.5"/></svg>'
+)
+
+
+@register.simple_tag
+def badge(status: str, extra: str = "") -> SafeString:
+    """The status badge; one colour per status, the same on every page (app.css .s-*)."""
+    return format_html(
+        '<span class="badge s-{}{}">{}</span>',
+        status,
+        f" {extra}" if extra else "",
+        str(status).replace("_", " "),
+    )
+
+
+def _scalar(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+@register.filter
+def summary(args: Any, limit: int = 120) -> str:
+    """A one-line reading of a JSON value: `order_id="A-1", amount=25.0` (plain text)."""
+    if isinstance(args, dict):
+        parts = []
+        for key, val in args.items():
+            if isinstance(val, dict | list):
+                val_text = "{…}" if isinstance(val, dict) else f"[{len(val)}]"
+            else:
+                val_text = _scalar(val)
+            parts.append(f"{key}={val_text}")
+        text = ", ".join(parts)
+    elif args is None:
+        text = ""
+    else:
+        text = _scalar(args)
+    limit = int(limit)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _json_html(value: Any, indent: int, depth: int) -> str:
+    pad = "  " * indent
+    inner = "  " * (indent + 1)
+    if depth > MAX_DEPTH:
+        return str(conditional_escape(_scalar(value)[:200]))
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = [
+            f'{inner}<span class="k">{conditional_escape(_scalar(str(k)))}</span>: '
+            f"{_json_html(v, indent + 1, depth + 1)}"
+            for k, v in value.items()
+        ]
+        body = ",\n".join(items)
+        if len(value) > FOLD_ITEMS and depth > 0:
+            return (
+                f'<details class="fold"><summary>{{… {len(value)} keys}}</summary>'
+                f"{{\n{body}\n{pad}}}</details>"
+            )
+        return f"{{\n{body}\n{pad}}}"
+    if isinstance(value, list):
+        if not value:
+            return "[]"
+        items = [f"{inner}{_json_html(v, indent + 1, depth + 1)}" for v in value]
+        body = ",\n".join(items)
+        if len(value) > FOLD_ITEMS and depth > 0:
+            return (
+                f'<details class="fold"><summary>[… {len(value)} items]</summary>'
+                f"[\n{body}\n{pad}]</details>"
+            )
+        return f"[\n{body}\n{pad}]"
+    text = _scalar(value)
+    cls = "s" if isinstance(value, str) else "n"
+    if isinstance(value, str) and len(text) > FOLD_STRING:
+        return (
+            f'<details class="fold"><summary class="{cls}">'
+            f"{conditional_escape(text[:80])}… ({len(value)} chars)</summary>"
+            f'<span class="{cls}">{conditional_escape(text)}</span></details>'
+        )
+    return f'<span class="{cls}">{conditional_escape(text)}</span>'
+
+
+@register.filter
+def json_view(value: Any) -> SafeString:
+    """Pretty JSON with long strings and big nested values folded. Every piece is escaped."""
+    # Safe: _json_html escapes every key and value it emits; the only raw markup is its own.
+    return mark_safe(f'<pre class="json">{_json_html(value, 0, 0)}</pre>')  # noqa: S308
+
+
+@register.filter
+def json_text(value: Any) -> str:
+    """Indented JSON as plain text (for textareas); the template escapes it."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+@register.filter
+def get_item(mapping: dict[str, Any], key: str) -> Any:
+    return mapping.get(key) if isinstance(mapping, dict) else None
+
+
+@register.simple_tag
+def attrs(**kwargs: Any) -> SafeString:
+    """HTML attributes from keyword arguments, skipping None/False (values escaped)."""
+    pairs = [(k.replace("_", "-"), v) for k, v in kwargs.items() if v not in (None, False)]
+    return format_html_join(" ", '{}="{}"', pairs)
+
+
+@register.inclusion_tag("runs/_fragments/nav_inbox_count.html", takes_context=True)
+def nav_inbox_count(context: template.Context) -> dict[str, Any]:
+    """The number of runs waiting for a human, shown next to "Inbox" on every page."""
+    from runs import selectors
+
+    count = context.get("inbox_count")
+    if count is None:
+        count = selectors.inbox(selectors.RunFilters()).count()
+    return {"inbox_count": count, "oob": False}
+
+
+STATUS_LABELS = {
+    "approved": "Approved",
+    "declined": "Declined",
+    "answered": "Answered",
+}
+
+
+@register.filter
+def decision_verb(status: str) -> str:
+    return STATUS_LABELS.get(status, str(status).replace("_", " ").capitalize())
+
+
+@register.filter
+def last_decision(run: Any) -> Any:
+    """The run's most recently decided tool call (from prefetched tool_calls)."""
+    decided = [tc for tc in run.tool_calls.all() if tc.decided_at is not None]
+    return max(decided, key=lambda tc: tc.decided_at) if decided else None
+
+
+def _event_summary(event: Any) -> str:
+    data = event.data or {}
+    kind = event.kind
+    if kind == "created":
+        return "created"
+    if kind == "started":
+        return f"attempt {data.get('attempt', '?')} started"
+    if kind == "step":
+        return f"step {data.get('step', '?')} checkpointed"
+    if kind == "update":
+        return f"{data.get('node', 'update')} update"
+    if kind == "tool_call":
+        return f"{data.get('tool_name', '?')}({summary(data.get('args'), 80)})"
+    if kind == "tool_result":
+        return f"{data.get('tool_name', '?')} → {data.get('status', '?')}"
+    if kind == "suspended":
+        names = []
+        for interrupt in data.get("interrupts") or []:
+            value = interrupt.get("value") if isinstance(interrupt, dict) else None
+            if isinstance(value, dict):
+                names.append(str(value.get("tool_name") or value.get("type") or "?"))
+        return "waiting on " + (", ".join(names) or "a human")
+    if kind == "decision":
+        text = f"{data.get('tool_name', '?')} {data.get('decision', '?')}"
+        if data.get("reason"):
+            text += f": {data['reason']}"
+        return text
+    if kind == "cancel_requested":
+        return f"{data.get('action', 'cancel')} requested"
+    if kind == "cancelled":
+        return f"cancelled ({data.get('action', 'interrupt')})"
+    if kind == "retry":
+        error = data.get("error") or {}
+        return f"retry (attempt {data.get('attempt', '?')}): {error.get('message', '')}"
+    if kind == "finished":
+        return str(data.get("status") or "finished")
+    return kind
+
+
+@register.filter
+def event_summary(event: Any) -> str:
+    text = _event_summary(event)
+    return text if len(text) <= 160 else text[:159] + "…"
+
+
+@register.filter
+def event_data(event: Any) -> Any:
+    """An event's data for display; a step's full state is left to the checkpoints."""
+    data = dict(event.data or {})
+    if event.kind == "step":
+        data.pop("values", None)
+    return data
+
+
+@register.simple_tag
+def hourly_chart(buckets: list[Any]) -> SafeString:
+    """A stacked bar chart (SVG) of runs ended per hour: success, failed, cancelled."""
+    width, height, top, bottom = 720, 150, 8, 20
+    n = max(1, len(buckets))
+    slot = width / n
+    bar = max(2.0, slot - 4)
+    peak = max([b.total for b in buckets] + [1])
+    plot = height - top - bottom
+    parts = []
+    for i, b in enumerate(buckets):
+        x = i * slot + (slot - bar) / 2
+        y = height - bottom
+        for value, cls in (
+            (b.success, "success"),
+            (b.failed, "error"),
+            (b.cancelled, "interrupted"),
+        ):
+            if not value:
+                continue
+            h = plot * value / peak
+            y -= h
+            parts.append(
+                format_html(
+                    '<rect class="bar s-{}" x="{}" y="{}" width="{}" height="{}">'
+                    "<title>{}:00 — {} {}</title></rect>",
+                    cls,
+                    f"{x:.1f}",
+                    f"{y:.1f}",
+                    f"{bar:.1f}",
+                    f"{h:.1f}",
+                    timezone.localtime(b.hour).strftime("%H"),
+                    value,
+                    {"success": "succeeded", "error": "failed", "interrupted": "cancelled"}[cls],
+                )
+            )
+        if i % 3 == 0:
+            parts.append(
+                format_html(
+                    '<text x="{}" y="{}" class="axis">{}h</text>',
+                    f"{x:.1f}",
+                    height - 5,
+                    timezone.localtime(b.hour).strftime("%H"),
+                )
+            )
+    return format_html(
+        '<svg class="chart" viewBox="0 0 {} {}" role="img" aria-label="{}">'
+        '<line x1="0" x2="{}" y1="{}" y2="{}" class="base"/>{}'
+        '<text x="0" y="{}" class="axis">{}</text></svg>',
+        width,
+        height,
+        f"Runs ended per hour over the last {n} hours",
+        width,
+        height - bottom,
+        height - bottom,
+        mark_safe("".join(parts)),  # noqa: S308 - built from format_html pieces above
+        top + 8,
+        f"max {peak}/h",
+    )

@@ -1,0 +1,683 @@
+"""The HTMX dashboard: overview, inbox, runs, run, thread, audit log, and their actions.
+
+Each view parses input, calls one selector or service and renders. A plain GET renders the
+page; an htmx GET (a region re-fetch after a websocket gap, or the 10 s poll while the socket
+is down) renders the page's live regions as out-of-band fragments. Actions answer htmx with
+the regions they changed plus a flash, and a browser without JavaScript with a redirect.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from collections.abc import Callable, Iterator
+from functools import wraps
+from typing import Any
+from urllib.parse import urlencode
+from uuid import UUID
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.views import redirect_to_login
+from django.core.paginator import Paginator
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseForbidden,
+    StreamingHttpResponse,
+)
+from django.shortcuts import redirect, render, resolve_url
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseClientRedirect
+
+from runs import selectors, services
+from runs.exceptions import AlreadyDecided, NotFound, RunsError, ValidationFailed
+from runs.forms import (
+    PAGE_SIZE,
+    AuditFilterForm,
+    BulkCancelForm,
+    CancelForm,
+    DeclineForm,
+    InboxFilterForm,
+    RunFilterForm,
+    SchemaForm,
+)
+from runs.fragments import CallForms, Fragments, can_cancel, can_review, form_id, tool_schema
+from runs.models import RunStatus, ToolCall
+
+View = Callable[..., HttpResponse]
+
+
+def dashboard_view(view: View) -> View:
+    """Login required; an htmx request from a signed-out browser is sent to the login page."""
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_authenticated:
+            if request.htmx:
+                current = request.htmx.current_url_abs_path or reverse("runs:overview")
+                login = resolve_url(settings.LOGIN_URL)
+                return HttpResponseClientRedirect(f"{login}?{urlencode({'next': current})}")
+            return redirect_to_login(request.get_full_path())
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def _denied(request: HttpRequest, what: str) -> HttpResponse:
+    text = f"You are not allowed to {what}."
+    if request.htmx:
+        return HttpResponse(Fragments(request.user, request).flash(text, "error"), status=403)
+    return HttpResponseForbidden(text)
+
+
+def _live_url(path: str, **params: Any) -> str:
+    query = urlencode({k: v for k, v in params.items() if v not in (None, "")}, doseq=True)
+    return f"{path}?{query}" if query else path
+
+
+def _page_context(request: HttpRequest) -> dict[str, Any]:
+    return {"rendered_at": f"{time.time():.3f}"}
+
+
+# --------------------------------------------------------------------------------------------
+# Overview
+# --------------------------------------------------------------------------------------------
+
+
+@require_GET
+@dashboard_view
+def overview(request: HttpRequest) -> HttpResponse:
+    data = selectors.dashboard_overview()
+    fragments = Fragments(request.user, request)
+    if request.htmx:
+        return HttpResponse(fragments.overview_regions(data))
+    return render(
+        request,
+        "runs/overview.html",
+        {
+            "ov": data,
+            "oob": False,
+            "inbox_count": data.counts.get(RunStatus.SUSPENDED, 0),
+            "live_url": _live_url("/ws/runs/", view="overview"),
+            "nav": "overview",
+            **_page_context(request),
+        },
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Inbox
+# --------------------------------------------------------------------------------------------
+
+
+@require_GET
+@dashboard_view
+def inbox(request: HttpRequest) -> HttpResponse:
+    form = InboxFilterForm(request.GET)
+    runs = selectors.inbox(form.run_filters(), oldest_first=form.oldest_first)
+    page = Paginator(runs, PAGE_SIZE).get_page(form.page_number)
+    context = {
+        "form": form,
+        "page": page,
+        "total": page.paginator.count,
+        "inbox_count": None,
+        "filter_query": _filter_query(request, drop=("page",)),
+        "nav": "inbox",
+        "oob": bool(request.htmx),
+    }
+    if request.htmx:
+        return render(request, "runs/_fragments/inbox_list.html", context)
+    params = {**request.GET.dict(), "page": page.number}
+    return render(
+        request,
+        "runs/inbox.html",
+        {
+            **context,
+            "live_url": _live_url("/ws/runs/", view="inbox", at=time.time(), **params),
+            **_page_context(request),
+        },
+    )
+
+
+def _filter_query(request: HttpRequest, drop: tuple[str, ...] = ()) -> str:
+    query = request.GET.copy()
+    for key in drop:
+        query.pop(key, None)
+    return query.urlencode()
+
+
+# --------------------------------------------------------------------------------------------
+# Runs
+# --------------------------------------------------------------------------------------------
+
+
+@require_GET
+@dashboard_view
+def run_list(request: HttpRequest) -> HttpResponse:
+    form = RunFilterForm(request.GET)
+    runs = (
+        selectors.runs_filtered(form.run_filters())
+        .order_by(*form.ordering)
+        .prefetch_related(selectors.waiting_tool_calls_prefetch())
+    )
+    page = Paginator(runs, PAGE_SIZE).get_page(form.page_number)
+    context = {
+        "form": form,
+        "page": page,
+        "total": page.paginator.count,
+        "filter_query": _filter_query(request, drop=("page",)),
+        "filter_items": [
+            (k, v) for k, values in request.GET.lists() for v in values if k != "page"
+        ],
+        "stuck_minutes": settings.RUNS_STUCK_MINUTES,
+        "nav": "runs",
+        "oob": bool(request.htmx),
+    }
+    if request.htmx:
+        return render(request, "runs/_fragments/runs_list.html", context)
+    return render(
+        request,
+        "runs/run_list.html",
+        {
+            **context,
+            "live_url": _live_url(
+                "/ws/runs/",
+                view="runs",
+                at=time.time(),
+                **{k: request.GET.getlist(k) for k in request.GET},
+                page=page.number,
+            ),
+            **_page_context(request),
+        },
+    )
+
+
+@require_POST
+@dashboard_view
+def runs_bulk_cancel(request: HttpRequest) -> HttpResponse:
+    if not can_cancel(request.user):
+        return _denied(request, "cancel runs")
+    fragments = Fragments(request.user, request)
+    form = BulkCancelForm(request.POST)
+    filters_form = RunFilterForm(request.POST)
+    context: dict[str, Any] = {"bulk": form, "filter_items": _filter_items(request.POST)}
+    if not form.is_valid():
+        return _bulk_panel(request, context, status=422)
+    data = form.cleaned_data
+    queryset = selectors.runs_filtered(filters_form.run_filters()) if data["all_matching"] else None
+    run_ids = None if data["all_matching"] else data["run_ids"]
+    preview = selectors.runs_cancel_preview(run_ids=run_ids, queryset=queryset)
+    context["preview"] = preview
+    context["needs_typed"] = form.needs_typed_confirmation(preview["total"])
+    if data["step"] == "preview" or preview["total"] == 0:
+        return _bulk_panel(request, context)
+    if not form.confirmation_ok():
+        context["confirm_error"] = f"Type {data['expected']} to confirm."
+        return _bulk_panel(request, context, status=422)
+    if preview["total"] > (data["expected"] or 0):
+        # The filter matches more runs than the person confirmed: show the new count again.
+        context["grew"] = True
+        return _bulk_panel(request, context, status=409)
+    result = services.runs_cancel_many(
+        action=data["action"],
+        actor=request.user,
+        run_ids=run_ids,
+        queryset=queryset,
+        reason=data["reason"] or "",
+    )
+    context["result"] = result
+    summary = _bulk_summary(data["action"], result)
+    if not request.htmx:
+        messages.success(request, summary)
+        return redirect(f"{reverse('runs:run_list')}?{_filter_query_from(request.POST)}")
+    return HttpResponse(
+        fragments.render("bulk_panel.html", **context, summary=summary)
+        + fragments.flash(summary, "success")
+    )
+
+
+def _filter_items(data: Any) -> list[tuple[str, str]]:
+    names = set(RunFilterForm.base_fields) - {"page"}
+    return [(k, v) for k in data for v in data.getlist(k) if k in names]
+
+
+def _filter_query_from(data: Any) -> str:
+    return urlencode(_filter_items(data))
+
+
+def _bulk_panel(request: HttpRequest, context: dict[str, Any], status: int = 200) -> HttpResponse:
+    fragments = Fragments(request.user, request)
+    if not request.htmx:
+        # Without JavaScript the confirmation is a page of its own.
+        return render(
+            request,
+            "runs/bulk_confirm.html",
+            {**context, "oob": False, "nav": "runs"},
+            status=status,
+        )
+    return HttpResponse(fragments.render("bulk_panel.html", **context), status=status)
+
+
+def _bulk_summary(action: str, result: services.BulkCancelResult) -> str:
+    done = len(result.deleted) if action == "rollback" else len(result.interrupted)
+    verb = "Rolled back" if action == "rollback" else "Interrupted"
+    parts = [f"{verb} {done} run{'s' if done != 1 else ''}"]
+    if result.requested:
+        n = len(result.requested)
+        parts.append(
+            f"{n} running run{'s' if n != 1 else ''} will stop at {'their' if n != 1 else 'its'} "
+            f"next step and then be {'rolled back' if action == 'rollback' else 'interrupted'}"
+        )
+    return "; ".join(parts) + "."
+
+
+# --------------------------------------------------------------------------------------------
+# Run page
+# --------------------------------------------------------------------------------------------
+
+
+def _run_page(run_id: UUID, **kwargs: Any) -> selectors.RunPage:
+    try:
+        return selectors.run_page(run_id, **kwargs)
+    except NotFound:
+        raise Http404("Run not found (it may have been rolled back)") from None
+
+
+@require_GET
+@dashboard_view
+def run_detail(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    fragments = Fragments(request.user, request)
+    if request.htmx:
+        try:
+            page = selectors.run_page(run_id)
+        except NotFound:
+            return HttpResponse(fragments.run_deleted(run_id, 2**31 - 1))
+        return HttpResponse(fragments.run_regions(page))
+    page = _run_page(run_id)
+    return render(
+        request,
+        "runs/run_detail.html",
+        {
+            **fragments.run_context(page),
+            "oob": False,
+            "nav": "runs",
+            "live_url": _live_url(f"/ws/runs/{run_id}/", seq=page.run.last_seq),
+            **_page_context(request),
+        },
+    )
+
+
+@require_GET
+@dashboard_view
+def run_events(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    """Older timeline events ("load more"), appended below the ones shown."""
+    try:
+        before = int(request.GET.get("before", ""))
+    except ValueError:
+        before = None
+    page = _run_page(run_id, events_before=before)
+    return render(
+        request,
+        "runs/_fragments/timeline.html#older",
+        {"run": page.run, "events": page.events, "oob": False},
+    )
+
+
+def _card_response(
+    request: HttpRequest,
+    run_id: UUID,
+    *,
+    status: int = 200,
+    flash: tuple[str, str] | None = None,
+    forms: dict[int, CallForms] | None = None,
+    origin: str = "run",
+) -> HttpResponse:
+    """What a decision answers with: the run page's regions or the inbox row, plus a flash."""
+    fragments = Fragments(request.user, request)
+    try:
+        page = selectors.run_page(run_id)
+    except NotFound:
+        body = fragments.run_deleted(run_id, 2**31 - 1)
+        return HttpResponse(body + fragments.flash("This run no longer exists.", "error"), 404)
+    if origin == "inbox" and status < 400:
+        run = selectors.inbox_rows([run_id])
+        body = fragments.inbox_row(run[0], decided=True) if run else ""
+    else:
+        body = fragments.run_regions(page, forms=forms)
+    if flash:
+        body += fragments.flash(*flash)
+    return HttpResponse(body, status=status)
+
+
+def _decision_error(
+    request: HttpRequest,
+    run_id: UUID,
+    exc: RunsError,
+    origin: str,
+) -> HttpResponse:
+    level = "warning" if isinstance(exc, AlreadyDecided) else "error"
+    if not request.htmx:
+        messages.error(request, exc.detail)
+        return redirect("runs:run_detail", run_id=run_id)
+    if origin == "inbox":
+        # Re-render the row as it is now (decided by someone else, or gone).
+        fragments = Fragments(request.user, request)
+        rows = selectors.inbox_rows([run_id])
+        body = fragments.inbox_row(rows[0]) if rows else fragments.row_delete(f"inbox-row-{run_id}")
+        return HttpResponse(body + fragments.flash(exc.detail, level), status=exc.status_code)
+    return _card_response(
+        request, run_id, status=exc.status_code, flash=(exc.detail, level), origin=origin
+    )
+
+
+def _done(request: HttpRequest, run_id: UUID, text: str, origin: str) -> HttpResponse:
+    if not request.htmx:
+        messages.success(request, text)
+        if origin == "inbox":
+            return redirect("runs:inbox")
+        return redirect("runs:run_detail", run_id=run_id)
+    return _card_response(request, run_id, flash=(text, "success"), origin=origin)
+
+
+def _tool_call(request: HttpRequest, run_id: UUID) -> ToolCall | None:
+    try:
+        return selectors.tool_call_get(run_id, request.POST.get("tool_call_id", ""))
+    except NotFound:
+        return None
+
+
+def _missing(request: HttpRequest, run_id: UUID, origin: str) -> HttpResponse:
+    exc = NotFound("This tool call no longer exists (the run may have been rolled back).")
+    return _decision_error(request, run_id, exc, origin)
+
+
+@require_POST
+@dashboard_view
+def tool_call_approve(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    """Approve, or (when the edit form is posted, `mode` set) edit the arguments and approve."""
+    if not can_review(request.user):
+        return _denied(request, "approve tool calls")
+    origin = _origin(request)
+    tc = _tool_call(request, run_id)
+    if tc is None:
+        return _missing(request, run_id, origin)
+    edit_form = None
+    args = None
+    if request.POST.get("mode"):
+        edit_form = SchemaForm(
+            request.POST, schema=tool_schema(tc.run, tc), initial_value=tc.args, auto_id=form_id(tc)
+        )
+        if not edit_form.is_valid():
+            return _form_errors(request, run_id, tc, CallForms(edit=edit_form, open="edit"))
+        args = edit_form.data_value()
+    try:
+        services.tool_call_approve(
+            run=tc.run, actor=request.user, tool_call_id=tc.tool_call_id, args=args
+        )
+    except ValidationFailed as exc:
+        if edit_form is None:
+            return _decision_error(request, run_id, exc, origin)
+        edit_form.add_service_errors(exc, "args")
+        return _form_errors(request, run_id, tc, CallForms(edit=edit_form, open="edit"))
+    except RunsError as exc:
+        return _decision_error(request, run_id, exc, origin)
+    text = "Approved with edited arguments." if args is not None else "Approved."
+    return _done(request, run_id, text, origin)
+
+
+@require_POST
+@dashboard_view
+def tool_call_decline(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    if not can_review(request.user):
+        return _denied(request, "decline tool calls")
+    origin = _origin(request)
+    tc = _tool_call(request, run_id)
+    if tc is None:
+        return _missing(request, run_id, origin)
+    form = DeclineForm(request.POST, auto_id=form_id(tc))
+    if not form.is_valid():
+        if origin == "inbox":
+            return _inline_error(request, run_id, "Give a reason for declining.", origin)
+        return _form_errors(request, run_id, tc, CallForms(decline=form, open="decline"))
+    try:
+        services.tool_call_decline(
+            run=tc.run,
+            actor=request.user,
+            tool_call_id=tc.tool_call_id,
+            reason=form.cleaned_data["reason"],
+        )
+    except RunsError as exc:
+        return _decision_error(request, run_id, exc, origin)
+    return _done(request, run_id, "Declined.", origin)
+
+
+@require_POST
+@dashboard_view
+def tool_call_answer(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    """Give a tool that asked for input its data (a form generated from its resume_schema)."""
+    if not can_review(request.user):
+        return _denied(request, "answer tool calls")
+    origin = _origin(request)
+    tc = _tool_call(request, run_id)
+    if tc is None:
+        return _missing(request, run_id, origin)
+    form = SchemaForm(request.POST, schema=tc.resume_schema, auto_id=form_id(tc))
+    if not form.is_valid():
+        return _form_errors(request, run_id, tc, CallForms(answer=form))
+    try:
+        services.tool_call_answer(
+            run=tc.run,
+            actor=request.user,
+            tool_call_id=tc.tool_call_id,
+            resume_data=form.data_value(),
+        )
+    except ValidationFailed as exc:
+        form.add_service_errors(exc, "resume_data")
+        return _form_errors(request, run_id, tc, CallForms(answer=form))
+    except RunsError as exc:
+        return _decision_error(request, run_id, exc, origin)
+    return _done(request, run_id, "Answer sent; the run continues.", origin)
+
+
+def _origin(request: HttpRequest) -> str:
+    return "inbox" if request.POST.get("origin") == "inbox" else "run"
+
+
+def _get_run(run_id: UUID) -> Any:
+    try:
+        return selectors.run_get(run_id)
+    except NotFound:
+        raise Http404("Run not found (it may have been rolled back)") from None
+
+
+def _form_errors(
+    request: HttpRequest, run_id: UUID, tc: ToolCall, forms: CallForms
+) -> HttpResponse:
+    """422 with the tool call's card showing the submitted form and its errors."""
+    fragments = Fragments(request.user, request)
+    page = _run_page(run_id)
+    if not request.htmx:
+        context = fragments.run_context(page, {tc.pk: forms})
+        return render(
+            request, "runs/run_detail.html", {**context, "oob": False, "nav": "runs"}, status=422
+        )
+    current = next((c for c in page.tool_calls if c.pk == tc.pk), tc)
+    body = fragments.tool_call_card(page, current, forms)
+    return HttpResponse(
+        body + fragments.flash("Check the highlighted fields.", "error"), status=422
+    )
+
+
+def _inline_error(request: HttpRequest, run_id: UUID, text: str, origin: str) -> HttpResponse:
+    if not request.htmx:
+        messages.error(request, text)
+        if origin == "inbox":
+            return redirect("runs:inbox")
+        return redirect("runs:run_detail", run_id=run_id)
+    return HttpResponse(Fragments(request.user, request).flash(text, "error"), status=422)
+
+
+@require_POST
+@dashboard_view
+def run_cancel(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    """Cancel one run: interrupt (keep it) or rollback (delete it, thread state reverts)."""
+    if not can_cancel(request.user):
+        return _denied(request, "cancel runs")
+    form = CancelForm(request.POST)
+    if not form.is_valid():
+        return _inline_error(request, run_id, "Choose interrupt or rollback.", "run")
+    run = _get_run(run_id)
+    action = form.cleaned_data["action"]
+    try:
+        result = services.run_cancel(
+            run=run, action=action, actor=request.user, reason=form.cleaned_data["reason"]
+        )
+    except RunsError as exc:
+        return _decision_error(request, run_id, exc, "run")
+    if result is None:
+        # Rolled back: the run page has nothing left to show; go to its thread (or the list).
+        text = f"Run {run_id} was rolled back."
+        messages.success(request, text)
+        target = (
+            reverse("runs:thread_detail", args=[run.thread_id])
+            if run.thread_id and _thread_exists(run.thread_id)
+            else reverse("runs:run_list")
+        )
+        if request.htmx:
+            return HttpResponseClientRedirect(target)
+        return redirect(target)
+    text = (
+        "Cancel requested: the run stops at its next step."
+        if result.status == RunStatus.RUNNING
+        else "Run interrupted."
+    )
+    return _done(request, run_id, text, "run")
+
+
+def _thread_exists(thread_id: UUID) -> bool:
+    try:
+        selectors.thread_get(thread_id)
+    except NotFound:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# Thread page
+# --------------------------------------------------------------------------------------------
+
+
+@require_GET
+@dashboard_view
+def thread_detail(request: HttpRequest, thread_id: UUID) -> HttpResponse:
+    try:
+        page = selectors.thread_page(thread_id)
+    except NotFound:
+        raise Http404("Thread not found") from None
+    fragments = Fragments(request.user, request)
+    if request.htmx:
+        return HttpResponse(fragments.thread_regions(page))
+    return render(
+        request,
+        "runs/thread_detail.html",
+        {
+            "tp": page,
+            "thread": page.thread,
+            "oob": False,
+            "nav": "runs",
+            "live_url": f"/ws/threads/{thread_id}/",
+            **_page_context(request),
+        },
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Audit log
+# --------------------------------------------------------------------------------------------
+
+
+@require_GET
+@dashboard_view
+def audit_log(request: HttpRequest) -> HttpResponse:
+    form = AuditFilterForm(request.GET)
+    entries = selectors.audit_entries(form.audit_filters())
+    page = Paginator(entries, PAGE_SIZE).get_page(form.page_number)
+    return render(
+        request,
+        "runs/audit_log.html",
+        {
+            "form": form,
+            "page": page,
+            "total": page.paginator.count,
+            "filter_query": _filter_query(request, drop=("page",)),
+            "nav": "audit",
+            "oob": False,
+        },
+    )
+
+
+CSV_COLUMNS = [
+    "created_at",
+    "actor",
+    "action",
+    "run_id",
+    "thread_id",
+    "agent_id",
+    "resource_id",
+    "tool_call_id",
+    "reason",
+    "before",
+    "after",
+]
+
+
+def _csv_cell(value: Any) -> str:
+    text = "" if value is None else value if isinstance(value, str) else str(value)
+    # Spreadsheet formula injection: reasons and arguments are typed by people and agents.
+    if text[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        text = "'" + text
+    return text
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+@require_GET
+@dashboard_view
+def audit_csv(request: HttpRequest) -> StreamingHttpResponse:
+    form = AuditFilterForm(request.GET)
+    entries = selectors.audit_entries(form.audit_filters())
+    writer = csv.writer(_Echo())
+
+    def rows() -> Iterator[str]:
+        yield writer.writerow(CSV_COLUMNS)
+        for entry in entries.iterator(chunk_size=2000):
+            yield writer.writerow(
+                [
+                    _csv_cell(entry.created_at.isoformat()),
+                    _csv_cell(entry.actor),
+                    _csv_cell(entry.action),
+                    _csv_cell(entry.run_id),
+                    _csv_cell(entry.thread_id),
+                    _csv_cell(entry.agent_id),
+                    _csv_cell(entry.resource_id),
+                    _csv_cell(entry.tool_call_id),
+                    _csv_cell(entry.reason),
+                    _csv_cell(
+                        json.dumps(entry.before, default=str) if entry.before is not None else ""
+                    ),
+                    _csv_cell(
+                        json.dumps(entry.after, default=str) if entry.after is not None else ""
+                    ),
+                ]
+            )
+
+    response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="runsite-audit.csv"'
+    return response

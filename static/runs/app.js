@@ -1,0 +1,337 @@
+/* Runsite dashboard: what htmx does not do by itself.
+ *
+ * - Live updates: htmx's ws extension swaps pushed fragments by id. Here we guard those swaps
+ *   (drop a fragment older than what the page shows, re-fetch when the timeline has a gap),
+ *   insert rows that are not on the page yet, re-fetch after a reconnect, and poll every 10 s
+ *   with a banner while the socket is down.
+ * - Relative timestamps, copy buttons, keyboard shortcuts, bulk selection helpers, flashes.
+ */
+(function () {
+  "use strict";
+
+  var body = function () { return document.body; };
+  var POLL_MS = 10000;
+  var socket = null;        // the ws extension's socket wrapper, once open
+  var opened = false;       // the first open is not a reconnect
+  var watched = new Set();  // runs whose decided inbox row keeps following the run
+  var downTimer = null;
+
+  // --- live state -----------------------------------------------------------------------
+
+  function setLive(state) {
+    body().dataset.live = state;
+    var banner = document.getElementById("live-banner");
+    if (!banner) return;
+    if (state === "down") {
+      // A short grace period: a reconnect within a second or two is not worth a banner.
+      clearTimeout(downTimer);
+      downTimer = setTimeout(function () {
+        if (body().dataset.live === "down") banner.hidden = false;
+      }, 1500);
+    } else {
+      clearTimeout(downTimer);
+      banner.hidden = true;
+    }
+  }
+
+  function resync() {
+    var el = document.getElementById("resync");
+    if (el) htmx.trigger(el, "live:resync");
+  }
+
+  function sendWatch(runId) {
+    if (!runId) return;
+    watched.add(runId);
+    if (socket) socket.send(JSON.stringify({ watch: runId }));
+  }
+
+  document.addEventListener("htmx:wsOpen", function (evt) {
+    socket = evt.detail.socketWrapper;
+    setLive("up");
+    if (opened) resync();  // messages sent while we were away are lost: re-fetch the regions
+    opened = true;
+    watched.forEach(function (id) { socket.send(JSON.stringify({ watch: id })); });
+  });
+
+  document.addEventListener("htmx:wsClose", function (evt) {
+    setLive("down");
+    var code = evt.detail.event && evt.detail.event.code;
+    // The extension reconnects by itself after abnormal closes only; a server going away
+    // (1000/1001 on restart or deploy) is worth retrying too.
+    if ([1006, 1011, 1012, 1013].indexOf(code) < 0 && evt.detail.socketWrapper) {
+      setTimeout(function () { evt.detail.socketWrapper.reconnect(); }, 1000 + Math.random() * 2000);
+    }
+  });
+
+  document.addEventListener("htmx:wsError", function () { setLive("down"); });
+
+  setInterval(function () {
+    if (body().dataset.live === "down") resync();
+  }, POLL_MS);
+
+  window.addEventListener("pageshow", function (evt) {
+    if (evt.persisted) resync();  // restored from the back/forward cache: it is stale
+  });
+
+  // --- guarding out-of-band swaps (pushes and htmx responses alike) -------------------------
+
+  function incomingOf(fragment) {
+    if (!fragment) return null;
+    return fragment instanceof DocumentFragment ? fragment.firstElementChild : fragment;
+  }
+
+  document.addEventListener("htmx:oobBeforeSwap", function (evt) {
+    var target = evt.detail.target;
+    var incoming = incomingOf(evt.detail.fragment);
+    if (!target || !incoming || !incoming.dataset) return;
+    var inc = incoming.dataset, cur = target.dataset;
+
+    // Timeline events pushed after a known seq: apply only what continues what we show.
+    if (inc.afterSeq !== undefined) {
+      var have = +(cur.seq || 0), after = +inc.afterSeq, upto = +inc.seq;
+      if (have >= upto) { evt.detail.shouldSwap = false; return; }
+      if (have < after) { evt.detail.shouldSwap = false; resync(); return; }  // a gap
+      Array.prototype.slice.call(incoming.children).forEach(function (li) {
+        if (+li.dataset.seq <= have) li.remove(); else li.classList.add("ev-new");
+      });
+      cur.seq = String(upto);
+      return;
+    }
+    // Same state as shown (a card someone may be typing in): leave it alone.
+    if (inc.token !== undefined && cur.token !== undefined &&
+        (cur.token === inc.token || cur.token === inc.token + ":bound")) {
+      evt.detail.shouldSwap = false;
+      return;
+    }
+    // Older than what the page shows (messages can overtake responses): drop it.
+    if (inc.seq !== undefined && cur.seq !== undefined && +inc.seq < +cur.seq) {
+      evt.detail.shouldSwap = false;
+      return;
+    }
+    // A row this reviewer just decided stays on screen and follows its run.
+    if (cur.keep && incoming.getAttribute("hx-swap-oob") === "delete") {
+      evt.detail.shouldSwap = false;
+    }
+  });
+
+  // A pushed row that is not on the page: insert it where the server says it belongs.
+  document.addEventListener("htmx:oobErrorNoTarget", function (evt) {
+    var el = evt.detail.content;
+    if (!el || !el.dataset || !el.dataset.insertInto) return;
+    var container = document.getElementById(el.dataset.insertInto);
+    if (!container || document.getElementById(el.id)) return;
+    el.removeAttribute("hx-swap-oob");
+    var items = Array.prototype.filter.call(container.children, function (c) { return c.id; });
+    var at = +el.dataset.insertAt;
+    container.insertBefore(el, items[at] || (items.length ? items[items.length - 1].nextSibling : container.firstChild));
+    el.classList.add("row-enter");
+    htmx.process(el);
+    var size = +(container.dataset.pageSize || 0);
+    items = Array.prototype.filter.call(container.children, function (c) { return c.id; });
+    while (size && items.length > size) {
+      var drop = container.dataset.trim === "start" ? items.shift() : items.pop();
+      if (drop === el) break;
+      drop.remove();
+    }
+  });
+
+  document.addEventListener("htmx:afterSettle", function () {
+    document.querySelectorAll("[data-watch]").forEach(function (el) {
+      if (!watched.has(el.dataset.watch)) sendWatch(el.dataset.watch);
+    });
+    refreshTimes();
+  });
+  document.addEventListener("htmx:oobAfterSwap", function () { refreshTimes(); });
+
+  // --- flashes and errors ---------------------------------------------------------------
+
+  function flash(text, level) {
+    var box = document.getElementById("flash");
+    if (!box) return;
+    var div = document.createElement("div");
+    div.className = "flash flash-" + (level || "info");
+    div.textContent = text;  // text, never HTML
+    div.setAttribute("data-autohide", "");
+    box.replaceChildren(div);
+    autohide();
+  }
+
+  function autohide() {
+    document.querySelectorAll("[data-autohide]").forEach(function (el) {
+      if (el.dataset.hiding) return;
+      el.dataset.hiding = "1";
+      setTimeout(function () { el.remove(); }, 6000);
+    });
+  }
+
+  document.addEventListener("htmx:responseError", function (evt) {
+    var status = evt.detail.xhr ? evt.detail.xhr.status : 0;
+    flash(status === 403 ? "Not allowed, or your session expired: reload the page."
+      : "Something went wrong (HTTP " + status + "). Try again.", "error");
+  });
+  document.addEventListener("htmx:sendError", function () {
+    flash("Network error: the server did not answer.", "error");
+  });
+
+  // --- relative times -------------------------------------------------------------------
+
+  function relative(date) {
+    var s = (Date.now() - date.getTime()) / 1000, future = s < 0;
+    s = Math.abs(s);
+    if (s < 5) return "just now";
+    var t = s < 60 ? Math.floor(s) + " s" : s < 3600 ? Math.floor(s / 60) + " min"
+      : s < 86400 ? Math.floor(s / 3600) + " h" : Math.floor(s / 86400) + " d";
+    return future ? "in " + t : t + " ago";
+  }
+
+  function refreshTimes() {
+    document.querySelectorAll("time[datetime]").forEach(function (el) {
+      var d = new Date(el.getAttribute("datetime"));
+      if (!isNaN(d)) el.textContent = relative(d);
+    });
+  }
+  setInterval(refreshTimes, 15000);
+
+  // --- clicks: copy, select all, dismiss, row selection ----------------------------------------
+
+  document.addEventListener("click", function (evt) {
+    var copy = evt.target.closest("button.copy");
+    if (copy) {
+      var text = copy.dataset.copy;
+      var done = function () {
+        copy.classList.add("copied");
+        setTimeout(function () { copy.classList.remove("copied"); }, 1200);
+      };
+      if (navigator.clipboard && window.isSecureContext) {
+        navigator.clipboard.writeText(text).then(done);
+      } else {
+        var ta = document.createElement("textarea");
+        ta.value = text; document.body.appendChild(ta); ta.select();
+        try { document.execCommand("copy"); done(); } catch (e) { /* nothing to do */ }
+        ta.remove();
+      }
+      return;
+    }
+    var dismiss = evt.target.closest("[data-dismiss]");
+    if (dismiss) {
+      var panel = document.getElementById(dismiss.dataset.dismiss);
+      if (panel) panel.replaceChildren();
+      return;
+    }
+    if (evt.target.closest("[data-help]")) { openHelp(); return; }
+    var row = evt.target.closest("[data-keys=rows] tbody tr.row");
+    if (row && !evt.target.closest("a, button, input, textarea, select, summary, label")) select(row);
+  });
+
+  document.addEventListener("change", function (evt) {
+    var all = evt.target.closest("[data-select-all]");
+    if (!all) return;
+    var table = all.closest("table");
+    table.querySelectorAll('input[name="' + all.dataset.selectAll + '"]:not(:disabled)').forEach(function (cb) {
+      cb.checked = all.checked;
+    });
+  });
+
+  // --- keyboard ---------------------------------------------------------------------------
+
+  function rows() {
+    var table = document.querySelector("[data-keys=rows]");
+    return table ? Array.prototype.slice.call(table.querySelectorAll("tbody tr.row")) : [];
+  }
+
+  function selected() { return document.querySelector("[data-keys=rows] tbody tr.row.selected"); }
+
+  function select(row) {
+    rows().forEach(function (r) { r.classList.toggle("selected", r === row); });
+    if (row) row.scrollIntoView({ block: "nearest" });
+  }
+
+  function move(step) {
+    var all = rows();
+    if (!all.length) return;
+    var i = all.indexOf(selected());
+    select(all[Math.max(0, Math.min(all.length - 1, i < 0 ? 0 : i + step))]);
+  }
+
+  function openDetails(details, focusSelector) {
+    if (!details) return false;
+    details.open = true;
+    var field = details.querySelector(focusSelector || "textarea, input:not([type=hidden]), select");
+    if (field) field.focus();
+    return true;
+  }
+
+  function openHelp() {
+    var dialog = document.getElementById("help");
+    if (dialog && !dialog.open) dialog.showModal();
+  }
+
+  function scope() { return selected() || document; }
+
+  function act(key) {
+    var where = scope();
+    if (key === "a") {
+      var approve = where.querySelector("button[data-act=approve]:not([disabled])");
+      if (approve) approve.click();
+      return !!approve;
+    }
+    if (key === "d") return openDetails(where.querySelector("details[data-act=decline]"), "textarea");
+    if (key === "e") {
+      var editLink = where.querySelector("a[data-act=edit]");
+      if (editLink) { editLink.click(); return true; }
+      return openDetails(where.querySelector("details[data-act=edit]"));
+    }
+    if (key === "r") {
+      var replyLink = where.querySelector("a[data-act=reply], a[data-act=edit]");
+      if (replyLink) { replyLink.click(); return true; }
+      var reply = document.querySelector("form[data-act=reply] input:not([type=hidden]), form[data-act=reply] textarea, form[data-act=reply] select");
+      if (reply) { reply.focus(); return true; }
+      return openDetails(document.querySelector("details[data-act=edit]"));
+    }
+    return false;
+  }
+
+  document.addEventListener("keydown", function (evt) {
+    if (evt.metaKey || evt.ctrlKey || evt.altKey) return;
+    var typing = evt.target.closest("input, textarea, select, [contenteditable]");
+    if (evt.key === "Escape") {
+      if (typing) evt.target.blur();
+      document.querySelectorAll("details[data-act][open]").forEach(function (d) { d.open = false; });
+      return;
+    }
+    if (typing) {
+      // Enter in the one-line decline box of an inbox row submits it.
+      if (evt.key === "Enter" && !evt.shiftKey && evt.target.matches("tr.row textarea[name=reason]")) {
+        evt.preventDefault();
+        htmx.trigger(evt.target.form, "submit");
+      }
+      return;
+    }
+    var handled = true;
+    switch (evt.key) {
+      case "j": move(1); break;
+      case "k": move(-1); break;
+      case "Enter":
+        var row = selected();
+        if (row && row.dataset.href) window.location.href = row.dataset.href; else handled = false;
+        break;
+      case "?": openHelp(); break;
+      case "a": case "d": case "e": case "r": handled = act(evt.key); break;
+      default: handled = false;
+    }
+    if (handled) evt.preventDefault();
+  });
+
+  function fromHash() {
+    var hash = window.location.hash;
+    if (hash.indexOf("#edit-") === 0) openDetails(document.getElementById(hash.slice(1)));
+    else if (hash === "#reply") act("r");
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    refreshTimes();
+    autohide();
+    fromHash();
+    if (!document.getElementById("live")) body().dataset.live = "off";
+  });
+})();
