@@ -144,6 +144,12 @@ class Run(models.Model):
                 condition=Q(status="suspended"),
                 name="run_suspended_idx",
             ),
+            # The same per tenant: an API key pinned to a resource always filters by it.
+            models.Index(
+                fields=["agent_id", "resource_id", "-suspended_at", "-id"],
+                condition=Q(status="suspended"),
+                name="run_suspended_resource_idx",
+            ),
             models.Index(fields=["thread", "-created_at"], name="run_thread_created_idx"),
             models.Index(fields=["status", "-created_at"], name="run_status_created_idx"),
             models.Index(fields=["agent_id", "-created_at"], name="run_agent_created_idx"),
