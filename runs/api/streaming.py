@@ -73,6 +73,25 @@ class _Heartbeat:
 HEARTBEAT = _Heartbeat()
 
 
+_keepalive: dict[int, asyncio.Task] = {}
+
+
+async def _keep_layer_listening(layer: Any) -> None:
+    # channels_redis's pub/sub receiver sleeps 0.1 s between polls whenever the process holds
+    # no subscription at all, which adds up to 100 ms to the first wake-up after an idle spell.
+    # One channel that is always being received keeps it subscribed (and prompt).
+    channel = await layer.new_channel()
+    while True:
+        await layer.receive(channel)
+
+
+def _ensure_keepalive(layer: Any) -> None:
+    loop = asyncio.get_running_loop()
+    task = _keepalive.get(id(loop))
+    if task is None or task.done():
+        _keepalive[id(loop)] = loop.create_task(_keep_layer_listening(layer))
+
+
 class RunFollower:
     """Yields a run's events after `after` (or heartbeats) until it stops or is deleted."""
 
@@ -93,6 +112,7 @@ class RunFollower:
         self._layer = get_channel_layer()
         if self._layer is not None:
             try:
+                _ensure_keepalive(self._layer)
                 self._channel = await self._layer.new_channel()
                 await self._layer.group_add(live.run_group(self.run_id), self._channel)
                 self._pump = asyncio.create_task(self._receive_forever())
