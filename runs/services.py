@@ -26,7 +26,7 @@ from django.db.models import F, Q, QuerySet
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
-from runs import live
+from runs import live, metrics
 from runs.engine import wakeup
 from runs.engine.agent import schema_errors
 from runs.engine.registry import get_agent
@@ -707,6 +707,7 @@ def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
                         run.id, owner, run.attempt, run.thread_id, run.agent_id, run.parent_run_id
                     )
                     claimed.append(ClaimedRun(run=run, lease=lease))
+                metrics.CLAIMS.inc(len(claimed))
                 return claimed
         except IntegrityError:
             # Another worker claimed a run on the same thread between our NOT EXISTS check and
@@ -822,6 +823,7 @@ def _reap(max_attempts: int) -> dict[str, int]:
             if run is not None:
                 _apply_cancel(run, action=run.cancel_action or CancelAction.INTERRUPT, actor=None)
                 counts["cancelled"] += 1
+                metrics.REAPED.labels("cancelled").inc()
 
     with transaction.atomic():
         _lock_timeout()
@@ -850,6 +852,7 @@ def _reap(max_attempts: int) -> dict[str, int]:
                 _publish(run)
             counts["requeued"] = len(rows)
             logger.info("reaper: requeued %d run(s) whose lease expired", len(rows))
+            metrics.REAPED.labels("requeued").inc(len(rows))
 
     for run_id in Run.objects.filter(
         expired, cancel_requested_at__isnull=True, attempt__gte=max_attempts
@@ -864,6 +867,7 @@ def _reap(max_attempts: int) -> dict[str, int]:
                 }
                 _finish_locked(run, status=RunStatus.ERROR, error=error, kind="lease_expired")
                 counts["failed"] += 1
+                metrics.REAPED.labels("failed").inc()
 
     for run_id in Run.objects.filter(
         status=RunStatus.RUNNING, parent_run__isnull=True, deadline_at__lt=now
@@ -875,6 +879,7 @@ def _reap(max_attempts: int) -> dict[str, int]:
                 error = {"error": "TimeoutError", "message": "run exceeded its time limit"}
                 _finish_locked(run, status=RunStatus.TIMEOUT, error=error, kind="finished")
                 counts["timed_out"] += 1
+                metrics.REAPED.labels("timed_out").inc()
     return counts
 
 
@@ -1108,6 +1113,7 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: dict[str, Any] | None =
         if thread_id is not None:
             latest = values if values is not None else _latest_thread_values(thread_id)
             _refresh_thread(thread_id, values=latest)
+    metrics.SUSPENSIONS.inc(len(plans))
     return RunStatus.SUSPENDED
 
 
@@ -1324,6 +1330,7 @@ def run_cancel(
 
 
 def _cancel_locked(run: Run, *, action: str, actor: Actor, reason: str = "") -> Run | None:
+    transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc())
     if run.status in TERMINAL_STATUSES:
         raise Conflict(
             f"Run {run.id} is already {run.status}; only pending, running or suspended runs "
@@ -1778,6 +1785,7 @@ def _decide(
         tc.status = ToolCallStatus.ANSWERED
         tc.resume_data = resume_data
     tc.save()
+    transaction.on_commit(lambda: _count_decision(decision, tc.suspended_at, now))
     data: dict[str, Any] = {
         "tool_call_id": tc.tool_call_id,
         "tool_name": tc.tool_name,
@@ -1823,6 +1831,12 @@ def _decide(
             reason=reason,
             resume_data=resume_data,
         )
+
+
+def _count_decision(decision: str, suspended_at: datetime | None, decided_at: datetime) -> None:
+    metrics.DECISIONS.labels(decision).inc()
+    if suspended_at is not None:
+        metrics.DECISION_LATENCY.observe(max(0.0, (decided_at - suspended_at).total_seconds()))
 
 
 def _carry_down(

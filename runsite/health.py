@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
+import hmac
 
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 
 def liveness(request: HttpRequest) -> JsonResponse:
@@ -48,10 +48,14 @@ def readiness(request: HttpRequest) -> JsonResponse:
     )
 
 
-async def _layer_ok() -> bool:
-    layer = get_channel_layer()
-    try:
-        await asyncio.wait_for(layer.group_send("health", {"type": "noop"}), 2)
-        return True
-    except Exception:
-        return False
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text format. With RUNS_METRICS_TOKEN set, requires `Authorization: Bearer …`."""
+    token = settings.RUNS_METRICS_TOKEN
+    if token and not hmac.compare_digest(
+        request.headers.get("Authorization", ""), f"Bearer {token}"
+    ):
+        return HttpResponse("metrics need a bearer token\n", status=401, content_type="text/plain")
+    from runs.metrics import register_run_state_collector
+
+    register_run_state_collector()
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -11,6 +11,7 @@ urlpatterns = [
     path("api/", api.urls),
     path("healthz", health.liveness, name="healthz"),
     path("readyz", health.readiness, name="readyz"),
+    path("metrics", health.metrics, name="metrics"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("runs.urls")),
 ]

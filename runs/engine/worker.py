@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from runs import services
+from runs import metrics, services
 from runs.engine import wakeup
 from runs.engine.context import NonRetryableError, RunControl, RunStopped
 from runs.engine.loop import Finished, StepLoop, error_of
@@ -85,6 +85,7 @@ def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
     except RunStopped as stop:
         outcome_status = _stopped(lease, stop.reason, control)
     except LeaseLost:
+        metrics.LEASE_LOSSES.inc()
         logger.warning(
             "lease lost run=%s attempt=%s; stopping without writing", run.id, lease.attempt
         )
@@ -98,6 +99,7 @@ def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
         error = error_of(exc)
         outcome_status = _safely(lambda: services.run_fail_attempt(lease=lease, error=error).status)
     if outcome_status in (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.TIMEOUT):
+        metrics.FINISHES.labels(outcome_status).inc()
         logger.info(
             "finish run=%s agent=%s attempt=%s status=%s duration=%.3fs",
             run.id,

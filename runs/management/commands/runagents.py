@@ -26,11 +26,23 @@ class Command(BaseCommand):
             "--owner", default=None, help="lease owner id (default host:pid:random)"
         )
 
-    def handle(self, *args: Any, concurrency: int, owner: str | None, **options: Any) -> None:
+    def handle(
+        self,
+        *args: Any,
+        concurrency: int,
+        owner: str | None,
+        metrics_port: int | None,
+        **options: Any,
+    ) -> None:
         if concurrency < 1:
             self.stderr.write("--concurrency must be at least 1")
             raise SystemExit(2)
         worker = Worker(concurrency=concurrency, owner=owner)
+        if metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            start_http_server(metrics_port)
+            self.stdout.write(f"metrics on :{metrics_port}/metrics")
 
         def stop(signum: int, frame: Any) -> None:
             self.stdout.write(f"signal {signum}: stopping (finishing steps, releasing leases)")
