@@ -103,6 +103,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "runsite.middleware.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "runsite.urls"

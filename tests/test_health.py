@@ -54,3 +54,20 @@ def test_metrics_report_runs_by_status_and_counters(client, drain, reviewer) -> 
 def test_metrics_can_require_a_token(client) -> None:
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+@override_settings(RUNS_API_AUTH=False)
+def test_a_lost_database_connection_is_a_503_not_a_500(client, monkeypatch) -> None:
+    from django.db import OperationalError
+
+    from runs import selectors
+
+    def broken(*args, **kwargs):
+        raise OperationalError("terminating connection due to administrator command")
+
+    monkeypatch.setattr(selectors, "threads_search", broken)
+    monkeypatch.setattr(selectors, "thread_get", broken)
+    response = client.post("/api/threads/search", data={}, content_type="application/json")
+    assert response.status_code == 503
+    assert response.json()["code"] == "database_unavailable"
+    assert response["Retry-After"] == "2"

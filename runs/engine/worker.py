@@ -22,7 +22,7 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 from runs import metrics, services
@@ -97,6 +97,10 @@ def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
             "run=%s attempt=%s raised %s: %s", run.id, lease.attempt, type(exc).__name__, exc
         )
         error = error_of(exc)
+        if isinstance(exc, DatabaseError):
+            # A dropped connection: get a fresh one so the failure can be recorded (and the
+            # run retried) now, instead of waiting for the lease to expire.
+            close_old_connections()
         outcome_status = _safely(lambda: services.run_fail_attempt(lease=lease, error=error).status)
     if outcome_status in (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.TIMEOUT):
         metrics.FINISHES.labels(outcome_status).inc()
