@@ -25,6 +25,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--owner", default=None, help="lease owner id (default host:pid:random)"
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            help="serve this worker's Prometheus metrics on this port",
+        )
 
     def handle(
         self,
