@@ -95,10 +95,20 @@ def _ensure_keepalive(layer: Any) -> None:
 class RunFollower:
     """Yields a run's events after `after` (or heartbeats) until it stops or is deleted."""
 
-    def __init__(self, run_id: UUID, *, after: int = 0, with_events: bool = True):
+    def __init__(
+        self,
+        run_id: UUID,
+        *,
+        after: int = 0,
+        with_events: bool = True,
+        final: Callable[[], Any] | None = None,
+    ):
         self.run_id = run_id
         self.after = after
         self.with_events = with_events
+        # Read in the same database call as the stopped status (saves a round trip per run).
+        self.final = final
+        self.result: Any = None
         self.status: str | None = None
         self.attempt = 0
         self._wake = asyncio.Event()
@@ -137,14 +147,20 @@ class RunFollower:
             with contextlib.suppress(Exception):
                 await self._layer.group_discard(live.run_group(self.run_id), self._channel)
 
+    def _read(self, limit: int) -> tuple[str | None, int, list[RunEvent]]:
+        status, attempt, events = selectors.run_stream_state(
+            self.run_id, after=self.after, limit=limit
+        )
+        if self.final is not None and (status is None or status in STOPPED):
+            self.result = self.final()
+        return status, attempt, events
+
     async def items(self) -> AsyncIterator[RunEvent | _Heartbeat]:
         limit = 200 if self.with_events else 0
         next_beat = time.monotonic() + HEARTBEAT_SECONDS
         while True:
             self._wake.clear()
-            status, attempt, events = await db(
-                selectors.run_stream_state, self.run_id, after=self.after, limit=limit
-            )
+            status, attempt, events = await db(self._read, limit)
             self.status, self.attempt = status, attempt
             for event in events:
                 self.after = event.seq
@@ -328,11 +344,15 @@ async def result_body(
     """`\\n` keep-alives while the run is going, then one JSON value (LangGraph /wait body)."""
     completed = False
     try:
-        async with RunFollower(run_id, with_events=False) as follower:
+        follower = RunFollower(
+            run_id,
+            with_events=False,
+            final=lambda: selectors.run_result(run_id, thread_id=thread_id),
+        )
+        async with follower:
             async for _item in follower.items():
                 yield b"\n"
-        result = await db(selectors.run_result, run_id, thread_id=thread_id)
-        yield json.dumps(result, default=str).encode()
+        yield json.dumps(follower.result, default=str).encode()
         completed = True
     finally:
         if not completed and cancel_on_disconnect:
