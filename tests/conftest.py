@@ -103,3 +103,16 @@ def start_worker(transactional_db: Any, tmp_path: Path) -> Iterator[Callable[...
     for w in started:
         w.signal(signal.SIGCONT)
         w.stop()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from tests import reliability
+
+    if reliability.ROWS:
+        vendor = connection.vendor
+        database = (
+            "PostgreSQL + Redis"
+            if vendor == "postgresql" and os.environ.get("REDIS_URL")
+            else vendor
+        )
+        reliability.write(database)
