@@ -47,6 +47,7 @@ from runs.forms import (
 )
 from runs.fragments import CallForms, Fragments, can_cancel, can_review, form_id, tool_schema
 from runs.models import RunStatus, ToolCall
+from runs.templatetags.runs_ui import decision
 
 View = Callable[..., HttpResponse]
 
@@ -359,19 +360,34 @@ def _decision_error(
     exc: RunsError,
     origin: str,
 ) -> HttpResponse:
-    level = "warning" if isinstance(exc, AlreadyDecided) else "error"
+    already = _already_decided(request, run_id)
+    text = already or exc.detail
+    level = "warning" if already or isinstance(exc, AlreadyDecided) else "error"
     if not request.htmx:
-        messages.error(request, exc.detail)
+        messages.error(request, text)
         return redirect("runs:run_detail", run_id=run_id)
     if origin == "inbox":
         # Re-render the row as it is now (decided by someone else, or gone).
         fragments = Fragments(request.user, request)
         rows = selectors.inbox_rows([run_id])
         body = fragments.inbox_row(rows[0]) if rows else fragments.row_delete(f"inbox-row-{run_id}")
-        return HttpResponse(body + fragments.flash(exc.detail, level), status=exc.status_code)
-    return _card_response(
-        request, run_id, status=exc.status_code, flash=(exc.detail, level), origin=origin
-    )
+        return HttpResponse(body + fragments.flash(text, level), status=exc.status_code)
+    return _card_response(request, run_id, status=exc.status_code, flash=(text, level))
+
+
+def _already_decided(request: HttpRequest, run_id: UUID) -> str:
+    """ "Already declined by rita": what the person who lost a race to decide should read.
+
+    The service may refuse for the run's state (it moved on once the call was decided); the
+    call itself says who decided it.
+    """
+    try:
+        tc = selectors.tool_call_get(run_id, request.POST.get("tool_call_id", ""))
+    except NotFound:
+        return ""
+    if not tc.decided_by:
+        return ""
+    return f"Already {decision(tc)} by {tc.decided_by}."
 
 
 def _done(request: HttpRequest, run_id: UUID, text: str, origin: str) -> HttpResponse:

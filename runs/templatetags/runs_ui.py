@@ -210,16 +210,19 @@ def nav_inbox_count(context: template.Context) -> dict[str, Any]:
     return {"inbox_count": count, "oob": False}
 
 
-STATUS_LABELS = {
-    "approved": "Approved",
-    "declined": "Declined",
-    "answered": "Answered",
-}
-
-
 @register.filter
-def decision_verb(status: str) -> str:
-    return STATUS_LABELS.get(status, str(status).replace("_", " ").capitalize())
+def decision(tc: Any) -> str:
+    """What a human decided on a tool call: approved, declined or answered ("" if nobody did).
+
+    The call's status moves on after an approval (running, succeeded...), so it is derived.
+    """
+    if not tc.decided_by:
+        return ""
+    if tc.status == "declined":
+        return "declined"
+    if tc.resume_data is not None or tc.status == "answered":
+        return "answered"
+    return "approved"
 
 
 @register.filter
@@ -342,3 +345,13 @@ def hourly_chart(buckets: list[Any]) -> SafeString:
         top + 8,
         f"max {peak}/h",
     )
+
+
+@register.simple_tag(takes_context=True)
+def form_csrf(context: template.Context) -> str:
+    """The CSRF field for forms without JavaScript; empty in a websocket push (no request),
+    where htmx sends the token from <body hx-headers> instead."""
+    token = context.get("csrf_token")
+    if not token:
+        return ""
+    return format_html('<input type="hidden" name="csrfmiddlewaretoken" value="{}">', token)
