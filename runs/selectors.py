@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -71,7 +71,21 @@ def validate_pagination(per_page: Any, page: Any) -> tuple[int | None, int | Non
     return per_page, page
 
 
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 1, 1, tzinfo=UTC)
+
+
 def _check_dates(from_date: datetime | None, to_date: datetime | None) -> None:
+    for name, value in (("from_date", from_date), ("to_date", to_date)):
+        if value is None:
+            continue
+        if value.tzinfo is None:
+            value = timezone.make_aware(value, UTC)
+        if not EARLIEST <= value <= LATEST:
+            raise ValidationFailed(
+                f"{name} must be between 1970-01-01 and 9999-01-01, got {value.isoformat()}",
+                errors=[{"field": name, "message": "out of range"}],
+            )
     if from_date and to_date and from_date > to_date:
         raise ValidationFailed(
             "from_date is after to_date",

@@ -307,18 +307,24 @@ def _check_scope(obj: Thread | Run, pinned_resource_id: str | None, what: str) -
 
 
 def _check_json_size(value: Any, field_name: str, limit: int = 1_000_000) -> None:
+    """Refuse values PostgreSQL's jsonb cannot store (NaN, Infinity, NUL) or that are too big."""
     import json
 
     try:
-        size = len(json.dumps(value))
-    except (TypeError, ValueError):
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
         raise ValidationFailed(
-            f"{field_name} is not JSON-serialisable",
-            errors=[{"field": field_name, "message": "not JSON-serialisable"}],
+            f"{field_name} is not valid JSON (NaN and Infinity are not allowed)",
+            errors=[{"field": field_name, "message": "not valid JSON"}],
         ) from None
-    if size > limit:
+    if "\\u0000" in text:
         raise ValidationFailed(
-            f"{field_name} is too large ({size} bytes, limit {limit})",
+            f"{field_name} contains a NUL character (\\u0000), which cannot be stored",
+            errors=[{"field": field_name, "message": "contains \\u0000"}],
+        )
+    if len(text) > limit:
+        raise ValidationFailed(
+            f"{field_name} is too large ({len(text)} bytes, limit {limit})",
             errors=[{"field": field_name, "message": "too large"}],
         )
 
