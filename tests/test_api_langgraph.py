@@ -473,3 +473,32 @@ def test_it_records_the_api_actor_on_cancel(api: Client) -> None:
     run = services.run_create(agent_id="echo", thread_id=thread.id, actor="t")
     api.post(f"/api/threads/{thread.id}/runs/{run.id}/cancel")
     assert run.events.get(kind="cancelled").actor == "api:anonymous"
+
+
+@stream_db
+def test_it_sends_heartbeats_and_keep_alives_while_a_run_waits(monkeypatch: Any) -> None:
+    from runs.api import streaming
+
+    monkeypatch.setattr(streaming, "HEARTBEAT_SECONDS", 0.05)
+    thread = services.thread_create()
+    run = services.run_create(agent_id="echo", thread_id=thread.id, actor="t")  # no worker
+
+    async def first(chunks: Any, n: int) -> list[bytes]:
+        out = []
+        async for chunk in chunks:
+            out.append(chunk)
+            if len(out) == n:
+                break
+        await chunks.aclose()
+        return out
+
+    sse = async_to_sync(first)(
+        streaming.sse_events(run.id, modes=["values"], after=0, attempt=1), 3
+    )
+    assert sse[0] == (
+        f'event: metadata\r\ndata: {{"run_id":"{run.id}","attempt":1}}\r\n\r\n'.encode()
+    )
+    assert sse[1:] == [b": heartbeat\r\n\r\n"] * 2
+    body = async_to_sync(first)(streaming.result_body(run.id, thread_id=thread.id), 2)
+    assert body == [b"\n", b"\n"]  # leading whitespace a JSON parser ignores
+    assert Run.objects.get(id=run.id).status == RunStatus.PENDING  # no disconnect cancel asked

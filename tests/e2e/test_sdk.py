@@ -305,6 +305,21 @@ async def test_it_joins_a_stream_and_replays_after_last_event_id(client: Any, si
     assert "\r\nid: " in r.text and "event: values" not in r.text
 
 
+async def test_the_real_server_limits_and_checks_bodies(site: Any) -> None:
+    async with httpx.AsyncClient(base_url=site.url + "/api") as http:
+        big = await http.post("/threads", json={"metadata": {"blob": "x" * 2_000_000}})
+        assert big.status_code == 413
+        assert big.json()["code"] == "payload_too_large"
+        bad = await http.post(
+            "/threads", content=b"{oops", headers={"content-type": "application/json"}
+        )
+        assert bad.status_code == 422 and bad.json()["code"] == "invalid_json"
+        tid = (await http.post("/threads", json={})).json()["thread_id"]
+        run = (await http.post(f"/threads/{tid}/runs", json={"assistant_id": "echo"})).json()
+        empty = await http.post(f"/threads/{tid}/runs/{run['run_id']}/cancel")  # no body at all
+        assert empty.status_code in (202, 409)  # 409 if the echo run already finished
+
+
 async def test_it_cancels_a_stream_when_the_client_goes_away(client: Any) -> None:
     tid = (await client.threads.create())["thread_id"]
     stream = client.runs.stream(tid, "slow", input=SLOW, on_disconnect="cancel")
