@@ -1,0 +1,285 @@
+"""Websocket consumers: who may connect, which sockets hear a committed change, what they get."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import User
+from django.test import Client
+
+from runs import services
+from runs.models import Run, RunStatus, ToolCallStatus
+from runsite.asgi import application
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+XSS = '<img src=x onerror="alert(1)"><script>alert(2)</script>'
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings: Any) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def session_cookie(user: User) -> str:
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value
+
+
+async def connect(
+    path: str, user: User | None = None, origin: str = "http://127.0.0.1"
+) -> tuple[WebsocketCommunicator, bool]:
+    headers = [(b"origin", origin.encode()), (b"host", b"127.0.0.1")]
+    if user is not None:
+        cookie = await database_sync_to_async(session_cookie)(user)
+        headers.append((b"cookie", f"sessionid={cookie}".encode()))
+    communicator = WebsocketCommunicator(application, path, headers=headers)
+    connected, _ = await communicator.connect(timeout=5)
+    return communicator, connected
+
+
+async def receive_until(
+    communicator: WebsocketCommunicator, predicate: Callable[[str], bool], timeout: float = 5.0
+) -> str:
+    """The first push matching `predicate` (other processes may publish on a shared Redis)."""
+    end = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < end:
+        try:
+            text = await communicator.receive_from(timeout=max(0.05, end - time.monotonic()))
+        except TimeoutError:
+            break
+        if predicate(text):
+            return text
+        seen.append(text[:200])
+    raise AssertionError(f"no matching push within {timeout}s; got {seen}")
+
+
+def db(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return database_sync_to_async(fn)
+
+
+def refund_run(order_id: str = "A-1") -> Run:
+    thread = services.thread_create(metadata={"resource_id": "acme"})
+    return services.run_create(
+        agent_id="refund",
+        thread_id=thread.id,
+        input={"order_id": order_id, "amount": 5.0},
+        actor="t",
+    )
+
+
+def suspended_refund(drain: Any, order_id: str = "A-1") -> Run:
+    run = refund_run(order_id)
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUSPENDED
+    return run
+
+
+def pending_echo() -> Run:
+    return services.run_create(agent_id="echo", input={}, after_seconds=3600, actor="t")
+
+
+# --- who may connect ------------------------------------------------------------------------
+
+
+async def test_it_refuses_anonymous_sockets() -> None:
+    run = await db(pending_echo)()
+    for path in ["/ws/runs/?view=inbox", f"/ws/runs/{run.id}/", f"/ws/threads/{run.thread_id}/"]:
+        communicator, connected = await connect(path)
+        assert connected is False, path
+        await communicator.disconnect()
+
+
+async def test_it_refuses_a_socket_from_another_origin(reviewer) -> None:
+    communicator, connected = await connect(
+        "/ws/runs/?view=runs", reviewer, origin="http://evil.example"
+    )
+    assert connected is False
+    await communicator.disconnect()
+
+
+async def test_it_refuses_an_unknown_view(reviewer) -> None:
+    communicator, connected = await connect("/ws/runs/?view=nope", reviewer)
+    assert connected is False
+    await communicator.disconnect()
+
+
+# --- which sockets hear a change ------------------------------------------------------------
+
+
+async def test_a_committed_change_reaches_the_runs_group_and_that_run_only(support) -> None:
+    run_a, run_b = await db(pending_echo)(), await db(pending_echo)()
+    listing, ok1 = await connect("/ws/runs/?view=runs", support)
+    page_a, ok2 = await connect(f"/ws/runs/{run_a.id}/?seq={run_a.last_seq}", support)
+    page_b, ok3 = await connect(f"/ws/runs/{run_b.id}/?seq={run_b.last_seq}", support)
+    assert ok1 and ok2 and ok3
+    try:
+        await db(services.run_cancel)(run=run_a, action="interrupt", actor=support, reason="x")
+        row = await receive_until(listing, lambda t: f'id="run-row-{run_a.id}"' in t)
+        assert "s-interrupted" in row
+        header = await receive_until(page_a, lambda t: 'id="run-header"' in t)
+        assert "s-interrupted" in header
+        seq = int(re.search(r'id="run-header"[^>]*data-seq="(\d+)"', header).group(1))
+        assert seq > run_a.last_seq  # every push carries the run's event number
+        assert await page_b.receive_nothing(timeout=0.6)
+    finally:
+        for communicator in (listing, page_a, page_b):
+            await communicator.disconnect()
+
+
+async def test_pushes_are_rendered_for_the_viewer_and_escape_tool_arguments(
+    reviewer, support, drain
+) -> None:
+    run = await db(refund_run)(XSS)
+    as_reviewer, ok1 = await connect(f"/ws/runs/{run.id}/?seq={run.last_seq}", reviewer)
+    as_support, ok2 = await connect(f"/ws/runs/{run.id}/?seq={run.last_seq}", support)
+    assert ok1 and ok2
+    try:
+        await db(drain)()  # the run suspends on issue_refund; its pushes carry the arguments
+        for communicator, sees_approve in ((as_reviewer, True), (as_support, False)):
+            text = await receive_until(
+                communicator, lambda t: "s-awaiting_approval" in t and 'id="run-actions"' in t
+            )
+            assert ('data-act="approve"' in text) is sees_approve
+            assert ("Rollback…" in text) is not sees_approve
+            assert "<script>alert" not in text and "<img src=x" not in text
+            assert "&lt;script&gt;alert(2)&lt;/script&gt;" in text
+    finally:
+        await as_reviewer.disconnect()
+        await as_support.disconnect()
+
+
+# --- the inbox ------------------------------------------------------------------------------
+
+
+async def test_the_inbox_inserts_a_run_that_suspends_and_removes_it_once_decided(
+    reviewer, drain
+) -> None:
+    inbox, ok = await connect(f"/ws/runs/?view=inbox&at={time.time()}", reviewer)
+    assert ok
+    try:
+        run = await db(suspended_refund)(drain, "I-1")
+        row = await receive_until(
+            inbox, lambda t: f'id="inbox-row-{run.id}"' in t and "issue_refund" in t
+        )
+        assert 'data-insert-into="inbox-rows" data-insert-at="0"' in row
+        assert re.search(r'id="inbox-total"[^>]*>1 waiting run<', row)
+        await db(services.tool_call_approve)(run=run, actor=reviewer)
+        gone = await receive_until(
+            inbox, lambda t: f'id="inbox-row-{run.id}" hx-swap-oob="delete"' in t
+        )
+        assert re.search(r'id="inbox-total"[^>]*>0 waiting runs<', gone)
+    finally:
+        await inbox.disconnect()
+
+
+async def test_the_inbox_keeps_following_a_run_its_reviewer_watches(reviewer, drain) -> None:
+    run = await db(suspended_refund)(drain, "W-1")
+    inbox, ok = await connect("/ws/runs/?view=inbox", reviewer)
+    assert ok
+    try:
+        await inbox.send_to(text_data=json.dumps({"watch": str(run.id)}))
+        await db(services.tool_call_approve)(run=run, actor=reviewer)
+        await db(drain)()
+        text = await receive_until(
+            inbox, lambda t: f'id="inbox-row-{run.id}"' in t and "s-success" in t, timeout=8
+        )
+        assert 'data-keep="1"' in text
+        assert "approved" in text
+    finally:
+        await inbox.disconnect()
+
+
+async def test_the_inbox_only_pushes_rows_matching_its_filters(reviewer, drain) -> None:
+    inbox, ok = await connect("/ws/runs/?view=inbox&agent=weather", reviewer)
+    assert ok
+    try:
+        run = await db(suspended_refund)(drain, "F-1")
+        text = await receive_until(inbox, lambda t: f"inbox-row-{run.id}" in t)
+        assert f'<div id="inbox-row-{run.id}" hx-swap-oob="delete"' in text
+        assert re.search(r'id="inbox-total"[^>]*>0 waiting runs<', text)
+    finally:
+        await inbox.disconnect()
+
+
+# --- a run page -----------------------------------------------------------------------------
+
+
+async def test_a_run_page_gets_the_events_after_its_seq(reviewer, drain) -> None:
+    run = await db(suspended_refund)(drain, "T-1")
+    page, ok = await connect(f"/ws/runs/{run.id}/?seq={run.last_seq}", reviewer)
+    assert ok
+    try:
+        assert await page.receive_nothing(timeout=0.4)  # nothing new since the page rendered
+        tc = await db(lambda: run.tool_calls.get(status=ToolCallStatus.AWAITING_APPROVAL))()
+        await db(services.tool_call_decline)(
+            run=run, actor=reviewer, tool_call_id=tc.tool_call_id, reason="no"
+        )
+        text = await receive_until(page, lambda t: "data-after-seq" in t)
+        assert f'data-after-seq="{run.last_seq}"' in text
+        seqs = [int(s) for s in re.findall(r'<li data-seq="(\d+)"', text)]
+        assert seqs and min(seqs) == run.last_seq + 1
+        assert f'id="tc-{tc.pk}"' in text and "Declined</strong> by <strong>rita" in text
+    finally:
+        await page.disconnect()
+
+
+async def test_a_run_page_that_missed_changes_catches_up_on_connect(reviewer, drain) -> None:
+    run = await db(suspended_refund)(drain, "C-1")
+    page, ok = await connect(f"/ws/runs/{run.id}/?seq=2", reviewer)
+    assert ok
+    try:
+        text = await receive_until(page, lambda t: "data-after-seq" in t)
+        assert 'data-after-seq="2"' in text
+        assert f'<li data-seq="{run.last_seq}"' in text
+    finally:
+        await page.disconnect()
+
+
+async def test_a_run_page_hears_its_rollback(reviewer, support, drain) -> None:
+    run = await db(suspended_refund)(drain, "R-1")
+    page, ok = await connect(f"/ws/runs/{run.id}/?seq={run.last_seq}", reviewer)
+    assert ok
+    try:
+        await db(services.run_cancel)(run=run, action="rollback", actor=support)
+        text = await receive_until(page, lambda t: "Run rolled back" in t)
+        assert 'id="run-body" hx-swap-oob="true"' in text
+    finally:
+        await page.disconnect()
+
+
+# --- overview and thread pages --------------------------------------------------------------
+
+
+async def test_the_overview_pushes_its_counts(reviewer, drain) -> None:
+    overview, ok = await connect("/ws/runs/?view=overview", reviewer)
+    assert ok
+    try:
+        await db(suspended_refund)(drain, "O-1")
+        text = await receive_until(overview, lambda t: 'id="ov-counts"' in t, timeout=6)
+        assert re.search(r'<span class="n">1</span><span class="l">suspended</span>', text)
+        assert 'id="nav-inbox-count"' in text
+    finally:
+        await overview.disconnect()
+
+
+async def test_a_thread_page_hears_its_runs(reviewer, drain) -> None:
+    run = await db(refund_run)("TH-1")
+    page, ok = await connect(f"/ws/threads/{run.thread_id}/", reviewer)
+    assert ok
+    try:
+        await db(drain)()
+        text = await receive_until(page, lambda t: 'id="thread-runs"' in t and "s-suspended" in t)
+        assert str(run.id) in text
+    finally:
+        await page.disconnect()
