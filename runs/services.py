@@ -22,7 +22,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import Case, Exists, F, Q, QuerySet, Value, When
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
@@ -270,20 +270,15 @@ def _refresh_thread(
     """Derive the thread's status from its runs (and optionally store new values).
 
     busy: a pending or running run; interrupted: a suspended run; error: the last finished run
-    failed; idle otherwise. Caller holds the thread lock.
+    failed; idle otherwise. Caller holds the thread lock. One UPDATE: the active-run checks are
+    subqueries of it, evaluated under the lock.
     """
     if thread_id is None:
         return None
     runs = Run.objects.filter(thread_id=thread_id, parent_run__isnull=True)
-    active = set(runs.filter(status__in=ACTIVE_STATUSES).values_list("status", flat=True))
-    if RunStatus.PENDING in active or RunStatus.RUNNING in active:
-        status = ThreadStatus.BUSY
-    elif RunStatus.SUSPENDED in active:
-        status = ThreadStatus.INTERRUPTED
-    elif finished_status is not None:
+    if finished_status is not None:
         # The caller just finished a run: it is the thread's last finished run.
         failed = finished_status in (RunStatus.ERROR, RunStatus.TIMEOUT)
-        status = ThreadStatus.ERROR if failed else ThreadStatus.IDLE
     else:
         last = (
             runs.filter(status__in=TERMINAL_STATUSES)
@@ -292,12 +287,17 @@ def _refresh_thread(
             .first()
         )
         failed = last in (RunStatus.ERROR, RunStatus.TIMEOUT)
-        status = ThreadStatus.ERROR if failed else ThreadStatus.IDLE
+    idle = ThreadStatus.ERROR if failed else ThreadStatus.IDLE
+    status = Case(
+        When(Exists(runs.filter(status__in=(RunStatus.PENDING, RunStatus.RUNNING))), then=Value(ThreadStatus.BUSY)),
+        When(Exists(runs.filter(status=RunStatus.SUSPENDED)), then=Value(ThreadStatus.INTERRUPTED)),
+        default=Value(idle),
+    )
     update: dict[str, Any] = {"status": status, "updated_at": _now()}
     if values is not _UNSET:
         update["values"] = values
-    Thread.objects.filter(id=thread_id).update(**update)
-    return status
+    rows = _update_returning(Thread.objects.filter(id=thread_id), ["status"], **update)
+    return rows[0][0] if rows else None
 
 
 def _check_scope(obj: Thread | Run, pinned_resource_id: str | None, what: str) -> None:
