@@ -21,7 +21,9 @@ def _location(loc: Any) -> str:
     # ninja prefixes the parameter-model name (e.g. "payload"); drop it when more follows
     if len(parts) > 1 and parts[0] in ("payload", "data", "params", "filters"):
         parts = parts[1:]
-    return ".".join(parts) or "body"
+    if parts in ([], ["payload"]):
+        return "body"
+    return ".".join(parts)
 
 
 def _invalid_path_id(errors: list[dict[str, Any]]) -> str | None:

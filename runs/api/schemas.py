@@ -7,9 +7,22 @@ from typing import Any, Literal
 from uuid import UUID
 
 from ninja import Field, Schema
-from pydantic import ConfigDict
+from pydantic import ConfigDict, model_validator
 
 # --- shared ------------------------------------------------------------------------------------
+
+
+class BodyIn(Schema):
+    """A request body: a JSON object (ninja's Schema would read any value's attributes, so a
+    list or a number would silently become an object of defaults)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        raw = getattr(value, "_obj", value)  # ninja hands over its DjangoGetter wrapper
+        if not isinstance(raw, dict | Schema):
+            raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
+        return value
 
 
 class ErrorOut(Schema):
@@ -20,8 +33,11 @@ class ErrorOut(Schema):
 
 
 def errors(*codes: int) -> dict[int, type[Schema]]:
-    """Every error status an operation may answer, with the one error schema."""
-    return dict.fromkeys((401, 413, 422, *codes), ErrorOut)
+    """Every error status an operation may answer, with the one error schema.
+
+    400: a NUL character in the query string (runsite.middleware.RejectNulMiddleware).
+    """
+    return dict.fromkeys((400, 401, 413, 422, *codes), ErrorOut)
 
 
 # --- assistants --------------------------------------------------------------------------------
@@ -40,7 +56,7 @@ class AssistantOut(Schema):
     updated_at: datetime
 
 
-class AssistantSearchIn(Schema):
+class AssistantSearchIn(BodyIn):
     metadata: dict[str, Any] | None = None
     graph_id: str | None = None
     name: str | None = None
@@ -67,13 +83,13 @@ class GraphOut(Schema):
 # --- threads -----------------------------------------------------------------------------------
 
 
-class ThreadCreateIn(Schema):
+class ThreadCreateIn(BodyIn):
     thread_id: UUID | None = None
     metadata: dict[str, Any] | None = None
     if_exists: Literal["raise", "do_nothing"] | None = None
 
 
-class ThreadPatchIn(Schema):
+class ThreadPatchIn(BodyIn):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -90,7 +106,7 @@ class ThreadOut(Schema):
     error: Any = None
 
 
-class ThreadSearchIn(Schema):
+class ThreadSearchIn(BodyIn):
     ids: list[UUID] | None = None
     metadata: dict[str, Any] | None = None
     values: dict[str, Any] | None = None
@@ -103,7 +119,7 @@ class ThreadSearchIn(Schema):
     sort_order: Literal["asc", "desc"] = "desc"
 
 
-class ThreadCountIn(Schema):
+class ThreadCountIn(BodyIn):
     metadata: dict[str, Any] | None = None
     values: dict[str, Any] | None = None
     status: Literal["idle", "busy", "interrupted", "error"] | None = None
@@ -128,7 +144,7 @@ class ThreadStateOut(Schema):
     parent_checkpoint_id: UUID | None = None
 
 
-class ThreadStateUpdateIn(Schema):
+class ThreadStateUpdateIn(BodyIn):
     values: dict[str, Any] | None = None
     as_node: str | None = None
     checkpoint: dict[str, Any] | None = None
@@ -141,7 +157,7 @@ class ThreadStateUpdateOut(Schema):
     checkpoint_id: UUID
 
 
-class HistoryIn(Schema):
+class HistoryIn(BodyIn):
     limit: int = Field(10, ge=1, le=1000)
     before: str | dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
@@ -153,7 +169,7 @@ class HistoryIn(Schema):
 MultitaskStrategyIn = Literal["reject", "rollback", "interrupt", "enqueue"]
 
 
-class RunCreateIn(Schema):
+class RunCreateIn(BodyIn):
     """LangGraph's RunCreateStateful/Stateless; unknown keys (raise_error, …) are ignored."""
 
     assistant_id: str
@@ -192,7 +208,7 @@ class RunOut(Schema):
     cancel_reason: str | None = None
 
 
-class RunsCancelIn(Schema):
+class RunsCancelIn(BodyIn):
     thread_id: UUID | None = None
     run_ids: list[UUID] | None = None
     status: Literal["pending", "running", "suspended", "all"] | None = None
@@ -283,19 +299,19 @@ class RunEventsOut(Schema):
     next_after: int
 
 
-class ApproveIn(Schema):
+class ApproveIn(BodyIn):
     run_id: UUID
     tool_call_id: str | None = None
     args: dict[str, Any] | None = None
 
 
-class DeclineIn(Schema):
+class DeclineIn(BodyIn):
     run_id: UUID
     tool_call_id: str | None = None
     reason: str | None = Field(None, max_length=10_000)
 
 
-class ResumeIn(Schema):
+class ResumeIn(BodyIn):
     run_id: UUID
     tool_call_id: str | None = None
     resume_data: Any = None

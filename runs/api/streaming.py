@@ -18,7 +18,7 @@ from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
-from django.db import close_old_connections
+from django.db import connection
 from django.http import StreamingHttpResponse
 
 from runs import live, selectors, services
@@ -53,17 +53,19 @@ DISCONNECT_REASON = "client disconnected from the run stream ({})"
 async def db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run a database call off the event loop and hand its connection back right after.
 
-    thread_sensitive=False: a long stream must not pin a thread (or a pooled connection) for
-    its whole life, only for each short read.
+    Thread-sensitive: under ASGI each request has its own thread, so a stream's reads stay on
+    one thread. The connection goes back to the pool after every call, so a stream that waits for
+    minutes does not hold one (outside an atomic block: a test's transaction stays open).
     """
 
     def call() -> Any:
         try:
             return fn(*args, **kwargs)
         finally:
-            close_old_connections()
+            if not connection.in_atomic_block:
+                connection.close()
 
-    return await sync_to_async(call, thread_sensitive=False)()
+    return await sync_to_async(call)()
 
 
 class _Heartbeat:
