@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
+from django.conf import settings
 from ninja import NinjaAPI
+
+logger = logging.getLogger("runs.api")
 
 
 def build_api() -> NinjaAPI:
@@ -23,6 +28,10 @@ def build_api() -> NinjaAPI:
         auth=api_key_auth,
     )
     install_error_handlers(api)
+    if not settings.RUNS_API_AUTH:
+        logger.warning(
+            "!! RUNS_API_AUTH=off: the JSON API at /api/ accepts requests without an API key !!"
+        )
 
     @api.get("/ok", tags=["meta"], summary="Liveness of the API", auth=None)
     def ok(request):
