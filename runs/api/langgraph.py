@@ -26,6 +26,7 @@ from runs.api.schemas import (
     RunCreateIn,
     RunOut,
     RunsCancelIn,
+    StateAtCheckpointIn,
     ThreadCountIn,
     ThreadCreateIn,
     ThreadOut,
@@ -233,6 +234,20 @@ def update_thread_state(request: HttpRequest, thread_id: UUID, payload: ThreadSt
     )
     ref = {"thread_id": thread.id, "checkpoint_ns": "", "checkpoint_id": checkpoint.id}
     return {"checkpoint": ref, "configurable": ref, "checkpoint_id": checkpoint.id}
+
+
+@threads.post(
+    "/threads/{thread_id}/state/checkpoint", response={200: ThreadStateOut, **errors(404)}
+)
+def get_thread_state_at_checkpoint(
+    request: HttpRequest, thread_id: UUID, payload: StateAtCheckpointIn
+):
+    caller = caller_of(request)
+    thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
+    checkpoint_id = p.checkpoint_id_from(payload.checkpoint)
+    if checkpoint_id is None:
+        return _state_of(thread)
+    return p.state_out(thread, selectors.thread_checkpoint(thread, checkpoint_id))
 
 
 @threads.get(

@@ -151,6 +151,11 @@ class ThreadStateUpdateIn(BodyIn):
     checkpoint_id: str | None = None
 
 
+class StateAtCheckpointIn(BodyIn):
+    checkpoint: dict[str, Any] = Field(default_factory=dict)
+    subgraphs: bool = False
+
+
 class ThreadStateUpdateOut(Schema):
     checkpoint: CheckpointRef
     configurable: dict[str, Any]

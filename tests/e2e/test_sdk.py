@@ -174,6 +174,8 @@ async def test_it_creates_waits_joins_lists_and_deletes_runs(client: Any) -> Non
     assert state["values"] == values
     at = await client.threads.get_state(tid, checkpoint_id=history[1]["checkpoint_id"])
     assert at["values"] == history[1]["values"]
+    at = await client.threads.get_state(tid, checkpoint=history[1]["checkpoint"])
+    assert at["checkpoint_id"] == history[1]["checkpoint_id"]
 
     update = await client.threads.update_state(tid, {"note": "hand-written"})
     assert update["checkpoint"]["checkpoint_id"]
