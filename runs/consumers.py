@@ -297,6 +297,8 @@ class RunConsumer(_BatchingConsumer):
         if with_io:
             self._io_status, self._io_at = page.run.status, now
         html = self.fragments.run_regions(page, timeline_after=self.sent_seq, with_io=with_io)
-        if page.events:
-            self.sent_seq = max(self.sent_seq, page.events[0].seq)
+        # The run row is read before its events: events can be newer than the row (a commit in
+        # between). Remember the row's seq, so the next change re-renders the regions; the
+        # browser drops timeline events it already has.
+        self.sent_seq = max(self.sent_seq, page.run.last_seq)
         return html

@@ -264,16 +264,21 @@ def _bulk_panel(request: HttpRequest, context: dict[str, Any], status: int = 200
 
 
 def _bulk_summary(action: str, result: services.BulkCancelResult) -> str:
-    done = len(result.deleted) if action == "rollback" else len(result.interrupted)
-    verb = "Rolled back" if action == "rollback" else "Interrupted"
-    parts = [f"{verb} {done} run{'s' if done != 1 else ''}"]
+    rollback = action == "rollback"
+    done = len(result.deleted) if rollback else len(result.interrupted)
+    parts = []
+    if done or not result.requested:
+        parts.append(
+            f"{'Rolled back' if rollback else 'Interrupted'} {done} run{'s' if done != 1 else ''}"
+        )
     if result.requested:
         n = len(result.requested)
         parts.append(
             f"{n} running run{'s' if n != 1 else ''} will stop at {'their' if n != 1 else 'its'} "
-            f"next step and then be {'rolled back' if action == 'rollback' else 'interrupted'}"
+            f"next step and then be {'rolled back' if rollback else 'interrupted'}"
         )
-    return "; ".join(parts) + "."
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + "."
 
 
 # --------------------------------------------------------------------------------------------
