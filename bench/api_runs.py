@@ -218,7 +218,18 @@ class Bench:
         print(f"  runs.wait resume approve → success: {summary(resume)}")
 
 
-async def main() -> None:
+async def run_all(args: argparse.Namespace) -> None:
+    bench = Bench(args.url, args.api_key)
+    await bench.echo_throughput(args.runs, args.concurrency)
+    await bench.create_to_running(args.samples)
+    await bench.cancel_latency(args.samples, "interrupt")
+    await bench.cancel_latency(args.samples, "rollback")
+    await bench.bulk_cancel(args.bulk)
+    await bench.human_pause(args.samples)
+    await bench.http.aclose()
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8765")
     parser.add_argument("--api-key", default=None)
@@ -230,17 +241,10 @@ async def main() -> None:
 
     if os.environ.get("DATABASE_URL", "").startswith("postgres"):
         setup_django()  # only to name the PostgreSQL version in the machine line
-    print(f"machine: {machine()}")
+    print(f"machine: {machine()}")  # before the event loop: Django's ORM is sync-only
     print(f"server: {args.url}")
-    bench = Bench(args.url, args.api_key)
-    await bench.echo_throughput(args.runs, args.concurrency)
-    await bench.create_to_running(args.samples)
-    await bench.cancel_latency(args.samples, "interrupt")
-    await bench.cancel_latency(args.samples, "rollback")
-    await bench.bulk_cancel(args.bulk)
-    await bench.human_pause(args.samples)
-    await bench.http.aclose()
+    asyncio.run(run_all(args))
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()
