@@ -38,7 +38,7 @@ from runs.api.schemas import (
     errors,
 )
 from runs.engine.registry import all_agents
-from runs.exceptions import NotFound
+from runs.exceptions import NotFound, ValidationFailed
 from runs.models import Run
 
 assistants = Router(tags=["assistants"])
@@ -329,9 +329,9 @@ def _create_run(
     )
 
 
-def _run_paths(run: Run) -> tuple[str, str]:
-    base = f"/threads/{run.thread_id}/runs/{run.id}"
-    return base, base
+def _run_path(run: Run) -> str:
+    # Relative to the API root, as the SDK resolves Location against its base URL (…/api).
+    return f"/threads/{run.thread_id}/runs/{run.id}"
 
 
 def _start_after(run: Run, payload: RunCreateIn) -> int:
@@ -345,7 +345,7 @@ async def _stream_new_run(
     caller = caller_of(request)
     modes = streaming.parse_stream_modes(payload.stream_mode) or ["values"]
     run = await streaming.db(_create_run, caller, payload, thread_id, modes)
-    base, _ = _run_paths(run)
+    base = _run_path(run)
     body = streaming.sse_events(
         run.id,
         modes=modes,
@@ -363,7 +363,7 @@ async def _wait_new_run(
     caller = caller_of(request)
     modes = streaming.parse_stream_modes(payload.stream_mode) or ["values"]
     run = await streaming.db(_create_run, caller, payload, thread_id, modes)
-    base, _ = _run_paths(run)
+    base = _run_path(run)
     body = streaming.result_body(
         run.id,
         thread_id=run.thread_id,
@@ -392,8 +392,6 @@ async def wait_stateless_run(request: HttpRequest, payload: RunCreateIn):
 def create_runs_batch(request: HttpRequest, payload: list[RunCreateIn]):
     caller = caller_of(request)
     if not payload:
-        from runs.exceptions import ValidationFailed
-
         raise ValidationFailed(
             "a batch needs at least one run", errors=[{"field": "body", "message": "empty"}]
         )
@@ -422,7 +420,7 @@ def create_stateless_run(request: HttpRequest, payload: RunCreateIn, response: H
     caller = caller_of(request)
     modes = streaming.parse_stream_modes(payload.stream_mode) or ["values"]
     run = _create_run(caller, payload, None, modes)
-    response["Content-Location"] = _run_paths(run)[0]
+    response["Content-Location"] = _run_path(run)
     return p.run_out(run)
 
 
@@ -444,7 +442,7 @@ def create_run(request: HttpRequest, thread_id: UUID, payload: RunCreateIn, resp
     caller = caller_of(request)
     modes = streaming.parse_stream_modes(payload.stream_mode) or ["values"]
     run = _create_run(caller, payload, thread_id, modes)
-    response["Content-Location"] = _run_paths(run)[0]
+    response["Content-Location"] = _run_path(run)
     return p.run_out(run)
 
 
@@ -496,7 +494,7 @@ async def join_run(
     run = await streaming.db(
         selectors.run_get, run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
     )
-    base, _ = _run_paths(run)
+    base = _run_path(run)
     body = streaming.result_body(
         run.id,
         thread_id=run.thread_id,
@@ -525,7 +523,7 @@ async def join_run_stream(
     thread_id: UUID,
     run_id: UUID,
     cancel_on_disconnect: str | None = None,
-    stream_mode: list[str] | None = Query(None),  # noqa: B008
+    stream_mode: list[str] | None = Query(None),  # noqa: B008 - declared for the docs; read raw below
 ):
     caller = caller_of(request)
     modes = streaming.parse_stream_modes(request.GET.getlist("stream_mode"))
@@ -534,7 +532,7 @@ async def join_run_stream(
     )
     if not modes:
         modes = streaming.parse_stream_modes((run.kwargs or {}).get("stream_mode")) or ["values"]
-    base, _ = _run_paths(run)
+    base = _run_path(run)
     body = streaming.sse_events(
         run.id,
         modes=modes,
@@ -574,7 +572,7 @@ async def cancel_run(
     run = await streaming.db(_cancel, caller, thread_id, run_id, action)
     if not p.as_bool(wait):
         return HttpResponse(status=202)
-    base, _ = _run_paths(run)
+    base = _run_path(run)
     body = streaming.result_body(run.id, thread_id=run.thread_id, actor=caller.actor)
     return streaming.json_stream_response(
         body, {"Location": f"{base}/join", "Content-Location": base}

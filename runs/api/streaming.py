@@ -22,7 +22,7 @@ from django.db import connection
 from django.http import StreamingHttpResponse
 
 from runs import live, selectors, services
-from runs.exceptions import RunsError
+from runs.exceptions import RunsError, ValidationFailed
 from runs.models import RunEvent, RunStatus
 
 logger = logging.getLogger("runs.api")
@@ -212,8 +212,6 @@ def parse_stream_modes(raw: list[str] | str | None) -> list[str]:
         values.extend(v.strip() for v in text.split(",") if v.strip())
     bad = [v for v in values if v not in STREAM_MODES]
     if bad:
-        from runs.exceptions import ValidationFailed
-
         raise ValidationFailed(
             f"unknown stream_mode {', '.join(map(repr, bad))}; use {', '.join(STREAM_MODES)}",
             errors=[{"field": "stream_mode", "message": f"must be one of {STREAM_MODES}"}],
