@@ -118,6 +118,26 @@ def default_forms(run: Run, tc: ToolCall) -> CallForms:
     return forms
 
 
+def bound_forms(
+    run: Run,
+    tc: ToolCall,
+    *,
+    edit: SchemaForm | None = None,
+    answer: SchemaForm | None = None,
+    decline: DeclineForm | None = None,
+) -> CallForms:
+    """A card's forms after a failed submission: the submitted one bound, the others fresh."""
+    forms = default_forms(run, tc)
+    if edit is not None:
+        edited = edit_forms(run, tc, bound=edit)
+        forms.edit, forms.edit_json, forms.open = edited.edit, edited.edit_json, edited.open
+    if answer is not None:
+        forms.answer = answer
+    if decline is not None:
+        forms.decline, forms.open = decline, "decline"
+    return forms
+
+
 class Fragments:
     def __init__(self, user: Any, request: HttpRequest | None = None) -> None:
         self.user = user

@@ -45,7 +45,15 @@ from runs.forms import (
     RunFilterForm,
     SchemaForm,
 )
-from runs.fragments import CallForms, Fragments, can_cancel, can_review, form_id, tool_schema
+from runs.fragments import (
+    CallForms,
+    Fragments,
+    bound_forms,
+    can_cancel,
+    can_review,
+    form_id,
+    tool_schema,
+)
 from runs.models import RunStatus, ToolCall
 from runs.templatetags.runs_ui import decision
 
@@ -433,7 +441,7 @@ def tool_call_approve(request: HttpRequest, run_id: UUID) -> HttpResponse:
             request.POST, schema=tool_schema(tc.run, tc), initial_value=tc.args, auto_id=form_id(tc)
         )
         if not edit_form.is_valid():
-            return _form_errors(request, run_id, tc, CallForms(edit=edit_form, open="edit"))
+            return _form_errors(request, run_id, tc, bound_forms(tc.run, tc, edit=edit_form))
         args = edit_form.data_value()
     try:
         services.tool_call_approve(
@@ -443,7 +451,7 @@ def tool_call_approve(request: HttpRequest, run_id: UUID) -> HttpResponse:
         if edit_form is None:
             return _decision_error(request, run_id, exc, origin)
         edit_form.add_service_errors(exc, "args")
-        return _form_errors(request, run_id, tc, CallForms(edit=edit_form, open="edit"))
+        return _form_errors(request, run_id, tc, bound_forms(tc.run, tc, edit=edit_form))
     except RunsError as exc:
         return _decision_error(request, run_id, exc, origin)
     text = "Approved with edited arguments." if args is not None else "Approved."
@@ -463,7 +471,7 @@ def tool_call_decline(request: HttpRequest, run_id: UUID) -> HttpResponse:
     if not form.is_valid():
         if origin == "inbox":
             return _inline_error(request, run_id, "Give a reason for declining.", origin)
-        return _form_errors(request, run_id, tc, CallForms(decline=form, open="decline"))
+        return _form_errors(request, run_id, tc, bound_forms(tc.run, tc, decline=form))
     try:
         services.tool_call_decline(
             run=tc.run,
@@ -488,7 +496,7 @@ def tool_call_answer(request: HttpRequest, run_id: UUID) -> HttpResponse:
         return _missing(request, run_id, origin)
     form = SchemaForm(request.POST, schema=tc.resume_schema, auto_id=form_id(tc))
     if not form.is_valid():
-        return _form_errors(request, run_id, tc, CallForms(answer=form))
+        return _form_errors(request, run_id, tc, bound_forms(tc.run, tc, answer=form))
     try:
         services.tool_call_answer(
             run=tc.run,
@@ -498,7 +506,7 @@ def tool_call_answer(request: HttpRequest, run_id: UUID) -> HttpResponse:
         )
     except ValidationFailed as exc:
         form.add_service_errors(exc, "resume_data")
-        return _form_errors(request, run_id, tc, CallForms(answer=form))
+        return _form_errors(request, run_id, tc, bound_forms(tc.run, tc, answer=form))
     except RunsError as exc:
         return _decision_error(request, run_id, exc, origin)
     return _done(request, run_id, "Answer sent; the run continues.", origin)

@@ -154,6 +154,7 @@ def test_a_reviewer_approves_in_the_inbox_and_sees_success_without_reloading(
 
     expect(row.locator(".c-age .badge")).to_have_text("success", timeout=20_000)
     expect(row).to_contain_text("approved by rita")
+    expect(page.locator("#inbox-total")).to_have_text("0 waiting runs")
     assert page.evaluate("window.__sameDocument") is True  # no reload happened
     shot(page, "1-inbox-approved-success")
     assert Run.objects.get(id=run.id).status == RunStatus.SUCCESS
@@ -260,13 +261,25 @@ def test_an_xss_payload_in_tool_arguments_renders_as_text(web: Browser, reviewer
     assert web.dialogs == []  # no alert() ever ran
 
 
-def test_the_inbox_works_on_a_narrow_screen(web: Browser, reviewer: User) -> None:
+def test_the_inbox_works_by_keyboard_on_a_narrow_screen(web: Browser, reviewer: User) -> None:
     run = wait_status(refund_run("E2E-N"), RunStatus.SUSPENDED)
     page = web.page(reviewer, "/inbox/", width=420)
     live(page)
-    expect(page.locator(f"#inbox-row-{run.id}")).to_be_visible()
-    page.keyboard.press("j")
-    expect(page.locator(f"#inbox-row-{run.id}")).to_have_class("row selected")
+    row = page.locator(f"#inbox-row-{run.id}")
+    expect(row).to_be_visible()
     page.keyboard.press("?")
     expect(page.locator("#help")).to_be_visible()
-    shot(page, "6-inbox-narrow-help")
+    shot(page, "6a-inbox-narrow-help")
+    page.keyboard.press("Escape")
+    page.keyboard.press("j")
+    expect(row).to_have_class("row selected")
+    page.keyboard.press("d")  # opens the row's decline box and focuses it
+    expect(row.locator("textarea[name=reason]")).to_be_focused()
+    page.keyboard.type("Duplicate request")
+    page.keyboard.press("Enter")
+    expect(row.locator("[data-decision]")).to_have_text("declined", timeout=10_000)
+    expect(page.locator("#inbox-total")).to_have_text("0 waiting runs")  # pushed
+    expect(page.locator("#nav-inbox-count")).to_have_text("0")
+    shot(page, "6b-inbox-narrow-declined-by-keyboard")
+    tc = ToolCall.objects.get(run=run, tool_name="issue_refund")
+    assert (tc.status, tc.decision_reason) == (ToolCallStatus.DECLINED, "Duplicate request")
