@@ -31,13 +31,13 @@ from runs.exceptions import NotFound
 from runs.forms import PAGE_SIZE, InboxFilterForm, RunFilterForm
 from runs.fragments import Fragments
 from runs.live import RUNS_GROUP, run_group, thread_group
-from runs.models import TERMINAL_STATUSES, RunStatus
+from runs.models import TERMINAL_STATUSES
 
 logger = logging.getLogger(__name__)
 
 MAX_WATCHED = 100
 # Statuses a run can have right after entering or leaving the suspended state.
-INBOX_RELEVANT = {RunStatus.SUSPENDED, RunStatus.PENDING, RunStatus.INTERRUPTED, "deleted"}
+INBOX_RELEVANT = {"suspended", "pending", "interrupted", "deleted"}
 
 
 class _BatchingConsumer(AsyncWebsocketConsumer):
@@ -76,10 +76,15 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         self.queue(event)
 
     def queue(self, event: dict[str, Any]) -> None:
+        """Keep the latest message per run, and every status the run went through meanwhile
+        (a run can suspend and resume within one batch: the inbox must still hear of it)."""
         run_id = str(event.get("run_id"))
         previous = self._pending.get(run_id)
+        statuses = {str(event.get("status"))} | (previous or {}).get("statuses", set())
         if previous is None or int(event.get("seq") or 0) >= int(previous.get("seq") or 0):
-            self._pending[run_id] = event
+            self._pending[run_id] = {**event, "statuses": statuses}
+        else:
+            previous["statuses"] = statuses
         if self._flush_task is None:
             self._flush_task = asyncio.ensure_future(self._flush_later())
 
@@ -201,7 +206,7 @@ class RunsConsumer(_BatchingConsumer):
             c
             for c in changes
             if (not c.get("parent_run_id") or not self.filters.top_level_only)
-            and (not inbox or c.get("status") in INBOX_RELEVANT or c["run_id"] in self.watched)
+            and (not inbox or c["statuses"] & INBOX_RELEVANT or c["run_id"] in self.watched)
         ]
         if not relevant:
             return ""

@@ -183,6 +183,25 @@ async def test_the_inbox_inserts_a_run_that_suspends_and_removes_it_once_decided
         await inbox.disconnect()
 
 
+async def test_the_inbox_hears_of_a_run_that_left_within_one_batch(reviewer, drain) -> None:
+    run = await db(suspended_refund)(drain, "B-1")
+    inbox, ok = await connect("/ws/runs/?view=inbox", reviewer)
+    assert ok
+    try:
+
+        def approve_and_finish() -> None:
+            services.tool_call_approve(run=run, actor=reviewer)
+            drain()  # pending, running and success within one batch of the consumer
+
+        await db(approve_and_finish)()
+        gone = await receive_until(
+            inbox, lambda t: f'id="inbox-row-{run.id}" hx-swap-oob="delete"' in t
+        )
+        assert re.search(r'id="inbox-total"[^>]*>0 waiting runs<', gone)
+    finally:
+        await inbox.disconnect()
+
+
 async def test_the_inbox_keeps_following_a_run_its_reviewer_watches(reviewer, drain) -> None:
     run = await db(suspended_refund)(drain, "W-1")
     inbox, ok = await connect("/ws/runs/?view=inbox", reviewer)

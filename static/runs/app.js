@@ -103,8 +103,10 @@
       evt.detail.shouldSwap = false;
       return;
     }
-    // Older than what the page shows (messages can overtake responses): drop it.
-    if (inc.seq !== undefined && cur.seq !== undefined && +inc.seq < +cur.seq) {
+    // Older than what the page shows (messages can overtake responses): drop it. A list row
+    // at the same seq is the same row: leave it (and the reviewer's open decline box) alone.
+    if (inc.seq !== undefined && cur.seq !== undefined &&
+        (+inc.seq < +cur.seq || (+inc.seq === +cur.seq && target.matches("tr.row")))) {
       evt.detail.shouldSwap = false;
       return;
     }
@@ -112,6 +114,13 @@
     if (cur.keep && incoming.getAttribute("hx-swap-oob") === "delete") {
       evt.detail.shouldSwap = false;
     }
+  });
+
+  // A decision sent from an inbox row keeps that row on screen whatever arrives first: the
+  // answer (the decided row) or a push saying the run left the inbox.
+  document.addEventListener("htmx:beforeRequest", function (evt) {
+    var row = evt.detail.elt.closest && evt.detail.elt.closest("tr.row[id^=inbox-row-]");
+    if (row && evt.detail.requestConfig && evt.detail.requestConfig.verb === "post") row.dataset.keep = "1";
   });
 
   // A pushed row that is not on the page: insert it where the server says it belongs.
@@ -140,8 +149,9 @@
       if (!watched.has(el.dataset.watch)) sendWatch(el.dataset.watch);
     });
     refreshTimes();
+    markSelected();
   });
-  document.addEventListener("htmx:oobAfterSwap", function () { refreshTimes(); });
+  document.addEventListener("htmx:oobAfterSwap", function () { refreshTimes(); markSelected(); });
 
   // --- flashes and errors ---------------------------------------------------------------
 
@@ -239,10 +249,22 @@
     return table ? Array.prototype.slice.call(table.querySelectorAll("tbody tr.row")) : [];
   }
 
-  function selected() { return document.querySelector("[data-keys=rows] tbody tr.row.selected"); }
+  // The selection is remembered by id: a pushed row replaces the element, not the selection.
+  var selectedId = null;
+
+  function selected() {
+    var row = selectedId && document.getElementById(selectedId);
+    return row && row.matches("[data-keys=rows] tbody tr.row") ? row : null;
+  }
+
+  function markSelected() {
+    var row = selected();
+    rows().forEach(function (r) { r.classList.toggle("selected", r === row); });
+  }
 
   function select(row) {
-    rows().forEach(function (r) { r.classList.toggle("selected", r === row); });
+    selectedId = row ? row.id : null;
+    markSelected();
     if (row) row.scrollIntoView({ block: "nearest" });
   }
 
