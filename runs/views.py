@@ -139,7 +139,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
         "oob": bool(request.htmx),
     }
     if request.htmx:
-        return render(request, "runs/_fragments/inbox_list.html", context)
+        return _list_regions(request, "runs/_fragments/inbox_list.html", context)
     params = {**request.GET.dict(), "page": page.number}
     return render(
         request,
@@ -150,6 +150,13 @@ def inbox(request: HttpRequest) -> HttpResponse:
             **_page_context(request),
         },
     )
+
+
+def _list_regions(request: HttpRequest, template: str, context: dict[str, Any]) -> HttpResponse:
+    """A list re-fetch: the list region, and the inbox count of the navigation."""
+    fragments = Fragments(request.user, request)
+    count = selectors.inbox(selectors.RunFilters()).count()
+    return HttpResponse(fragments.render(template, **context) + fragments.nav_inbox_count(count))
 
 
 def _filter_query(request: HttpRequest, drop: tuple[str, ...] = ()) -> str:
@@ -187,7 +194,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "oob": bool(request.htmx),
     }
     if request.htmx:
-        return render(request, "runs/_fragments/runs_list.html", context)
+        return _list_regions(request, "runs/_fragments/runs_list.html", context)
     return render(
         request,
         "runs/run_list.html",

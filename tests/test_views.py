@@ -734,3 +734,15 @@ def test_the_run_page_queries_do_not_grow_with_tool_calls(
     assert count_queries(client, run_url(short)) == count_queries(client, run_url(long))
     with django_assert_max_num_queries(16):
         client.get(run_url(long))
+
+
+def test_json_is_escaped_folded_and_capped() -> None:
+    from runs.templatetags.runs_ui import json_view
+
+    html = str(json_view({"note": "<b>" + "x" * 300, "items": list(range(20))}))
+    assert "<b>x" not in html and "&lt;b&gt;x" in html
+    assert '<details class="fold"><summary class="s">' in html  # the long string is folded
+    assert "[… 20 items]" in html  # so is a big nested list
+    assert "[… 20 items]" not in str(json_view(list(range(20))))  # the value itself stays open
+    huge = str(json_view({"blob": "<x>" * 60_000}))
+    assert "truncated here" in huge and "<x>" not in huge

@@ -174,9 +174,19 @@ def _json_html(value: Any, indent: int, depth: int) -> str:
     return f'<span class="{cls}">{conditional_escape(text)}</span>'
 
 
+MAX_JSON_CHARS = 100_000  # beyond this a value is shown as truncated text (the admin has it)
+
+
 @register.filter
 def json_view(value: Any) -> SafeString:
     """Pretty JSON with long strings and big nested values folded. Every piece is escaped."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    if len(text) > MAX_JSON_CHARS:
+        return format_html(
+            '<pre class="json">{}\n… <span class="muted">({} KB in all; truncated here)</span></pre>',
+            text[:MAX_JSON_CHARS],
+            len(text) // 1024,
+        )
     # Safe: _json_html escapes every key and value it emits; the only raw markup is its own.
     return mark_safe(f'<pre class="json">{_json_html(value, 0, 0)}</pre>')  # noqa: S308
 
