@@ -142,8 +142,6 @@ class Fragments:
     def __init__(self, user: Any, request: HttpRequest | None = None) -> None:
         self.user = user
         self.request = request
-        self.can_review = can_review(user)
-        self.can_cancel = can_cancel(user)
 
     def render(self, name: str, /, **context: Any) -> str:
         base: dict[str, Any] = {"oob": True}

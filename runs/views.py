@@ -83,13 +83,13 @@ def _denied(request: HttpRequest, what: str) -> HttpResponse:
     return HttpResponseForbidden(text)
 
 
-def _live_url(path: str, **params: Any) -> str:
-    query = urlencode({k: v for k, v in params.items() if v not in (None, "")}, doseq=True)
+def _live_url(path: str, request: HttpRequest | None = None, **params: Any) -> str:
+    """The page's websocket URL: its filters (so the socket pushes the rows the page lists)
+    and the time it was rendered (so the socket sends what changed since)."""
+    merged: dict[str, Any] = dict(request.GET.lists()) if request is not None else {}
+    merged.update(params)
+    query = urlencode({k: v for k, v in merged.items() if v not in (None, "")}, doseq=True)
     return f"{path}?{query}" if query else path
-
-
-def _page_context(request: HttpRequest) -> dict[str, Any]:
-    return {"rendered_at": f"{time.time():.3f}"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -113,7 +113,6 @@ def overview(request: HttpRequest) -> HttpResponse:
             "inbox_count": data.counts.get(RunStatus.SUSPENDED, 0),
             "live_url": _live_url("/ws/runs/", view="overview"),
             "nav": "overview",
-            **_page_context(request),
         },
     )
 
@@ -140,14 +139,14 @@ def inbox(request: HttpRequest) -> HttpResponse:
     }
     if request.htmx:
         return _list_regions(request, "runs/_fragments/inbox_list.html", context)
-    params = {**request.GET.dict(), "page": page.number}
     return render(
         request,
         "runs/inbox.html",
         {
             **context,
-            "live_url": _live_url("/ws/runs/", view="inbox", at=time.time(), **params),
-            **_page_context(request),
+            "live_url": _live_url(
+                "/ws/runs/", request, view="inbox", at=time.time(), page=page.number
+            ),
         },
     )
 
@@ -201,13 +200,8 @@ def run_list(request: HttpRequest) -> HttpResponse:
         {
             **context,
             "live_url": _live_url(
-                "/ws/runs/",
-                view="runs",
-                at=time.time(),
-                **{k: request.GET.getlist(k) for k in request.GET},
-                page=page.number,
+                "/ws/runs/", request, view="runs", at=time.time(), page=page.number
             ),
-            **_page_context(request),
         },
     )
 
@@ -327,7 +321,6 @@ def run_detail(request: HttpRequest, run_id: UUID) -> HttpResponse:
             "oob": False,
             "nav": "runs",
             "live_url": _live_url(f"/ws/runs/{run_id}/", seq=page.run.last_seq),
-            **_page_context(request),
         },
     )
 
@@ -626,7 +619,6 @@ def thread_detail(request: HttpRequest, thread_id: UUID) -> HttpResponse:
             "oob": False,
             "nav": "runs",
             "live_url": f"/ws/threads/{thread_id}/",
-            **_page_context(request),
         },
     )
 

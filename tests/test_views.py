@@ -620,6 +620,16 @@ def test_the_inbox_filters_by_agent_tool_and_wait(reviewer, refund, weather) -> 
     assert f"inbox-row-{refund.id}" in page and f"inbox-row-{weather.id}" not in page
 
 
+def test_the_socket_url_carries_the_filters_and_ignores_reserved_names(reviewer, refund) -> None:
+    client = signed_in(reviewer)
+    for url in ("/inbox/?view=x&at=1&page=2&agent=refund", "/runs/?view=x&page=3&status=suspended"):
+        response = client.get(url)
+        assert response.status_code == 200
+        ws = re.search(r'ws-connect="([^"]+)"', response.content.decode()).group(1)
+        assert "view=x" not in ws and "page=1" in ws
+    assert "agent=refund" in client.get("/inbox/?agent=refund").content.decode()
+
+
 def test_a_bad_filter_value_is_reported_and_ignored(reviewer, refund) -> None:
     response = signed_in(reviewer).get(reverse("runs:inbox") + "?thread=not-a-uuid")
     assert response.status_code == 200
