@@ -87,7 +87,21 @@ class _Publisher:
             change = self._queue.get()
             if change is None:
                 break
-            loop.run_until_complete(_send(change))
+            # Under load several changes of one run queue up (claimed, then finished a few
+            # milliseconds later): only the newest matters to subscribers, who read the
+            # database anyway. Coalesce what is already queued; never wait to coalesce.
+            latest: dict[str, RunChange] = {change.run_id: change}
+            while True:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    break
+                previous = latest.get(more.run_id)
+                if previous is None or more.seq >= previous.seq or more.status == "deleted":
+                    latest[more.run_id] = more
+            loop.run_until_complete(asyncio.gather(*(_send(c) for c in latest.values())))
 
     def flush(self, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
@@ -103,11 +117,14 @@ async def _send(change: RunChange) -> None:
     if layer is None:
         return
     message = change.message()
-    for group in change.groups():
+
+    async def one(group: str) -> None:
         try:
             await layer.group_send(group, message)
         except Exception:
             logger.warning("live: publishing %s to %s failed", change.run_id, group, exc_info=True)
+
+    await asyncio.gather(*(one(g) for g in change.groups()))
 
 
 def publish(change: RunChange) -> None:

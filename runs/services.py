@@ -13,6 +13,7 @@ still match, so a worker that lost its lease cannot write anything.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -647,7 +648,11 @@ def run_create_child(*, lease: Lease, tool_call: ToolCall, agent_id: str, input:
 
 _CLAIM_SQL_POSTGRES = """
 WITH candidate AS (
-    SELECT r.id, r.started_at IS NULL AS fresh FROM runs_run r
+    SELECT r.id, r.started_at IS NULL AS fresh
+      FROM runs_run r,
+           -- A claim lost in a database crash leaves the run pending (safe), and the worker's
+           -- next synchronous commit flushes it anyway: no need to wait for the WAL flush.
+           (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
      WHERE r.status = 'pending' AND r.parent_run_id IS NULL
        AND (r.not_before IS NULL OR r.not_before <= %(now)s)
        AND NOT EXISTS (SELECT 1 FROM runs_run o
@@ -659,22 +664,37 @@ WITH candidate AS (
      ORDER BY r.created_at, r.id
      LIMIT %(limit)s
      FOR UPDATE OF r SKIP LOCKED
+), claimed AS (
+    UPDATE runs_run SET status = 'running', lease_owner = %(owner)s,
+           attempt = runs_run.attempt + 1, lease_expires_at = %(expires)s,
+           deadline_at = %(deadline)s, started_at = COALESCE(runs_run.started_at, %(now)s),
+           updated_at = %(now)s, last_seq = runs_run.last_seq + 1
+      FROM candidate WHERE runs_run.id = candidate.id
+    RETURNING runs_run.*, candidate.fresh
+), started AS (
+    INSERT INTO runs_runevent (run_id, seq, kind, data, actor, created_at)
+    SELECT id, last_seq, 'started',
+           jsonb_build_object('attempt', attempt, 'worker', %(owner)s::text), '', %(now)s
+      FROM claimed
 )
-UPDATE runs_run SET status = 'running', lease_owner = %(owner)s, attempt = runs_run.attempt + 1,
-       lease_expires_at = %(expires)s, deadline_at = %(deadline)s,
-       started_at = COALESCE(runs_run.started_at, %(now)s), updated_at = %(now)s,
-       last_seq = runs_run.last_seq + 1
-  FROM candidate WHERE runs_run.id = candidate.id
-RETURNING runs_run.*, candidate.fresh
+SELECT claimed.*, base.id AS base_checkpoint_id, base.values AS base_values
+  FROM claimed
+  LEFT JOIN LATERAL (
+        SELECT c.id, c.values FROM runs_checkpoint c
+         WHERE c.thread_id = claimed.thread_id
+         ORDER BY c.created_at DESC, c.id DESC LIMIT 1) base ON claimed.fresh
 """
-# The CTE is an optimisation fence: with `WHERE id IN (subquery … LIMIT)` the planner may
-# re-run the subquery per row and lock more rows than LIMIT (Oban's engine says the same).
+# One statement, one round trip: pick (the CTE is an optimisation fence: with `WHERE id IN
+# (subquery … LIMIT)` the planner may re-run the subquery per row and lock more rows than
+# LIMIT, as Oban's engine notes), claim, write the `started` events, and fetch the thread state
+# a fresh run starts from.
 
 
 def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
     """Claim up to `limit` runnable runs: oldest pending whose thread has no running run.
 
-    Each claimed Run carries `fresh` (never started before: no checkpoint to load).
+    Each claimed Run carries `fresh` (never started before: no checkpoint of its own) and, on
+    PostgreSQL, `base_checkpoint_id`/`base_values` (the thread state it starts from).
     """
     now = _now()
     expires = now + timedelta(seconds=settings.RUNS_LEASE_SECONDS)
@@ -684,41 +704,37 @@ def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
     params = {"now": now, "limit": limit, "owner": owner, "expires": expires, "deadline": deadline}
     for _ in range(5):
         try:
-            with transaction.atomic():
-                if _is_postgres():
-                    with connection.cursor() as cursor:
-                        # A claim lost in a database crash leaves the run pending, which is
-                        # safe, and any later (synchronous) commit of this worker flushes it
-                        # anyway: no need to wait for the WAL flush here.
-                        cursor.execute("SET LOCAL synchronous_commit TO OFF")
-                    runs = list(Run.objects.raw(_CLAIM_SQL_POSTGRES, params))
-                else:
-                    runs = _claim_sqlite(**params)
-                if not runs:
-                    return []
-                runs.sort(key=lambda r: (r.created_at, r.id))
-                RunEvent.objects.bulk_create(
-                    RunEvent(
-                        run_id=r.id,
-                        seq=r.last_seq,
-                        kind="started",
-                        data={"attempt": r.attempt, "worker": owner},
-                    )
-                    for r in runs
-                )
-                claimed = []
+            if _is_postgres():
+                runs = list(Run.objects.raw(_CLAIM_SQL_POSTGRES, params))
                 for run in runs:
-                    _publish(run)
-                    lease = Lease(
-                        run.id, owner, run.attempt, run.thread_id, run.agent_id, run.parent_run_id
+                    if isinstance(run.base_values, str):
+                        run.base_values = json.loads(run.base_values)
+            else:
+                with transaction.atomic():
+                    runs = _claim_sqlite(**params)
+                    RunEvent.objects.bulk_create(
+                        RunEvent(
+                            run_id=r.id,
+                            seq=r.last_seq,
+                            kind="started",
+                            data={"attempt": r.attempt, "worker": owner},
+                        )
+                        for r in runs
                     )
-                    claimed.append(ClaimedRun(run=run, lease=lease))
-                metrics.CLAIMS.inc(len(claimed))
-                return claimed
         except IntegrityError:
             # Another worker claimed a run on the same thread between our NOT EXISTS check and
             # our UPDATE (one_running_run_per_thread). Try again: the next pick skips it.
             continue
+        if not runs:
+            return []
+        runs.sort(key=lambda r: (r.created_at, r.id))
+        claimed = []
+        for run in runs:
+            _publish(run)
+            lease = Lease(run.id, owner, run.attempt, run.thread_id, run.agent_id, run.parent_run_id)
+            claimed.append(ClaimedRun(run=run, lease=lease))
+        metrics.CLAIMS.inc(len(claimed))
+        return claimed
     return []
 
 
@@ -1168,6 +1184,15 @@ def run_finish(
         finished["error"] = error
     all_events = [*events, *(_step_event(w) for w in steps), ("finished", finished, "system")]
     lease = _complete_lease(lease)
+    if (
+        _is_postgres()
+        and status == RunStatus.SUCCESS
+        and lease.parent_run_id is None
+        and lease.thread_id is not None
+    ):
+        if values is _UNSET:
+            values = steps[-1].values if steps else _latest_thread_values(lease.thread_id)
+        return _finish_success_postgres(lease, output, values, steps, all_events)
     with transaction.atomic():
         _lock_thread(lease.thread_id)
         now = _now()
@@ -1192,6 +1217,84 @@ def run_finish(
             _refresh_thread(lease.thread_id, values=values, finished_status=status)
         _publish_fenced(lease, fence.last_seq, status=status)
     return fence
+
+
+_FINISH_SQL_POSTGRES = """
+WITH f AS (
+    UPDATE runs_run
+       SET status = 'success', output = %(output)s::jsonb, error = NULL, finished_at = %(now)s,
+           lease_owner = NULL, lease_expires_at = NULL, deadline_at = NULL, updated_at = %(now)s,
+           last_seq = last_seq + %(n_events)s
+     WHERE id = %(run)s AND lease_owner = %(owner)s AND attempt = %(attempt)s
+       AND status = 'running'
+    RETURNING last_seq, cancel_action
+), steps AS (
+    INSERT INTO runs_checkpoint (id, thread_id, run_id, parent_id, step, values, pending, created_at)
+    SELECT x.id, %(thread)s, %(run)s, x.parent_id, x.step, x.values, x.pending, %(now)s
+      FROM f, jsonb_to_recordset(%(steps)s::jsonb)
+           AS x(id uuid, parent_id uuid, step integer, values jsonb, pending jsonb)
+), events AS (
+    INSERT INTO runs_runevent (run_id, seq, kind, data, actor, created_at)
+    SELECT %(run)s, f.last_seq - %(n_events)s + x.n, x.kind, x.data, x.actor, %(now)s
+      FROM f, ROWS FROM (jsonb_to_recordset(%(events)s::jsonb) AS (kind text, data jsonb, actor text))
+           WITH ORDINALITY AS x(kind, data, actor, n)
+), thread AS (
+    -- The run's own row still reads `running` in this statement's snapshot: leave it out.
+    UPDATE runs_thread
+       SET status = CASE
+             WHEN EXISTS (SELECT 1 FROM runs_run o WHERE o.thread_id = %(thread)s
+                             AND o.parent_run_id IS NULL AND o.id <> %(run)s
+                             AND o.status IN ('pending', 'running')) THEN 'busy'
+             WHEN EXISTS (SELECT 1 FROM runs_run o WHERE o.thread_id = %(thread)s
+                             AND o.parent_run_id IS NULL AND o.id <> %(run)s
+                             AND o.status = 'suspended') THEN 'interrupted'
+             ELSE 'idle' END,
+           values = %(values)s::jsonb, updated_at = %(now)s
+     WHERE id = %(thread)s AND EXISTS (SELECT 1 FROM f)
+)
+SELECT last_seq, cancel_action FROM f
+"""
+
+
+def _finish_success_postgres(
+    lease: Lease,
+    output: Any,
+    values: Any,
+    steps: Sequence[StepWrite],
+    all_events: Sequence[tuple[str, dict[str, Any], str]],
+) -> FenceResult:
+    """The common end of a run as two statements: lock the thread, then one statement that
+    fences and ends the run, writes its last steps and events, and updates the thread."""
+    params = {
+        "run": lease.run_id,
+        "owner": lease.owner,
+        "attempt": lease.attempt,
+        "thread": lease.thread_id,
+        "now": _now(),
+        "output": None if output is None else json.dumps(output, allow_nan=False),
+        "values": json.dumps(values, allow_nan=False),
+        "n_events": len(all_events),
+        "steps": json.dumps(
+            [
+                {"id": str(w.id), "parent_id": str(w.parent_id) if w.parent_id else None,
+                 "step": w.step, "values": w.values, "pending": w.pending}
+                for w in steps
+            ],
+            allow_nan=False,
+        ),
+        "events": json.dumps(
+            [{"kind": k, "data": d, "actor": a} for k, d, a in all_events], allow_nan=False
+        ),
+    }
+    with transaction.atomic():
+        _lock_thread(lease.thread_id)
+        with connection.cursor() as cursor:
+            cursor.execute(_FINISH_SQL_POSTGRES, params)
+            row = cursor.fetchone()
+        if row is None:
+            raise LeaseLost(f"run {lease.run_id}: lease (owner {lease.owner}, attempt {lease.attempt}) lost")
+        _publish_fenced(lease, row[0], status=RunStatus.SUCCESS)
+    return FenceResult(last_seq=row[0], cancel_action=row[1])
 
 
 def _fail_children(run_id: UUID, status: str) -> None:

@@ -87,7 +87,11 @@ class StepLoop:
         if checkpoint is not None:
             return checkpoint, calls
         base = None
-        if self.run.thread_id is not None:
+        if getattr(self.run, "fresh", False) and hasattr(self.run, "base_checkpoint_id"):
+            # The claim already read the thread's latest checkpoint (PostgreSQL).
+            if self.run.base_checkpoint_id is not None:
+                base = {"id": self.run.base_checkpoint_id, "values": self.run.base_values}
+        elif self.run.thread_id is not None:
             base = (
                 Checkpoint.objects.filter(thread_id=self.run.thread_id)
                 .order_by("-created_at", "-id")
