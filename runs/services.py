@@ -290,7 +290,10 @@ def _refresh_thread(
         failed = last in (RunStatus.ERROR, RunStatus.TIMEOUT)
     idle = ThreadStatus.ERROR if failed else ThreadStatus.IDLE
     status = Case(
-        When(Exists(runs.filter(status__in=(RunStatus.PENDING, RunStatus.RUNNING))), then=Value(ThreadStatus.BUSY)),
+        When(
+            Exists(runs.filter(status__in=(RunStatus.PENDING, RunStatus.RUNNING))),
+            then=Value(ThreadStatus.BUSY),
+        ),
         When(Exists(runs.filter(status=RunStatus.SUSPENDED)), then=Value(ThreadStatus.INTERRUPTED)),
         default=Value(idle),
     )
@@ -627,7 +630,9 @@ def run_create_child(*, lease: Lease, tool_call: ToolCall, agent_id: str, input:
         else:
             child = Run.objects.select_for_update(no_key=True).get(id=child_id)
             if child.status in TERMINAL_STATUSES:
-                return Lease(child.id, child.lease_owner or "", child.attempt, None, agent_id, parent.id)
+                return Lease(
+                    child.id, child.lease_owner or "", child.attempt, None, agent_id, parent.id
+                )
             child.status = RunStatus.RUNNING
             child.attempt += 1
             child.lease_owner = lease.owner
@@ -731,7 +736,9 @@ def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
         claimed = []
         for run in runs:
             _publish(run)
-            lease = Lease(run.id, owner, run.attempt, run.thread_id, run.agent_id, run.parent_run_id)
+            lease = Lease(
+                run.id, owner, run.attempt, run.thread_id, run.agent_id, run.parent_run_id
+            )
             claimed.append(ClaimedRun(run=run, lease=lease))
         metrics.CLAIMS.inc(len(claimed))
         return claimed
@@ -978,10 +985,19 @@ def _complete_lease(lease: Lease) -> Lease:
     """Fill in a lease built by hand (tests, older callers) from the run row."""
     if lease.agent_id:
         return lease
-    row = Run.objects.filter(id=lease.run_id).values("thread_id", "agent_id", "parent_run_id").first()
+    row = (
+        Run.objects.filter(id=lease.run_id).values("thread_id", "agent_id", "parent_run_id").first()
+    )
     if row is None:
         raise LeaseLost(f"run {lease.run_id} no longer exists")
-    return Lease(lease.run_id, lease.owner, lease.attempt, row["thread_id"], row["agent_id"], row["parent_run_id"])
+    return Lease(
+        lease.run_id,
+        lease.owner,
+        lease.attempt,
+        row["thread_id"],
+        row["agent_id"],
+        row["parent_run_id"],
+    )
 
 
 def _step_event(w: StepWrite) -> tuple[str, dict[str, Any], str]:
@@ -1276,8 +1292,13 @@ def _finish_success_postgres(
         "n_events": len(all_events),
         "steps": json.dumps(
             [
-                {"id": str(w.id), "parent_id": str(w.parent_id) if w.parent_id else None,
-                 "step": w.step, "values": w.values, "pending": w.pending}
+                {
+                    "id": str(w.id),
+                    "parent_id": str(w.parent_id) if w.parent_id else None,
+                    "step": w.step,
+                    "values": w.values,
+                    "pending": w.pending,
+                }
                 for w in steps
             ],
             allow_nan=False,
@@ -1292,7 +1313,9 @@ def _finish_success_postgres(
             cursor.execute(_FINISH_SQL_POSTGRES, params)
             row = cursor.fetchone()
         if row is None:
-            raise LeaseLost(f"run {lease.run_id}: lease (owner {lease.owner}, attempt {lease.attempt}) lost")
+            raise LeaseLost(
+                f"run {lease.run_id}: lease (owner {lease.owner}, attempt {lease.attempt}) lost"
+            )
         _publish_fenced(lease, row[0], status=RunStatus.SUCCESS)
     return FenceResult(last_seq=row[0], cancel_action=row[1])
 
