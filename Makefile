@@ -26,7 +26,7 @@ fi; \
 echo "No Python >= 3.12 found (Django 6 needs it). Install one, or run: make PYTHON=/path/to/python3.12 $(MAKECMDGOALS)" >&2; exit 1
 endef
 
-.PHONY: run test test-fast lint format bench clean help
+.PHONY: run test test-fast lint format fuzz reliability clean help
 
 help:
 	@echo "make run    demo on SQLite with a built-in worker, http://$(HOST):$(PORT)"
@@ -58,6 +58,15 @@ test: $(VENV)/.installed
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -m "not e2e and not slow" -x $(PYTEST_ARGS)
+
+# Schemathesis with a larger example budget than CI's (several minutes).
+fuzz: $(VENV)/.installed
+	SCHEMATHESIS_EXAMPLES=$${SCHEMATHESIS_EXAMPLES:-200} $(PY) -m pytest tests/test_api_schema.py -q -p no:randomly
+
+# Regenerate docs/reliability.md from the fault-injection and hostile-input tests
+# (needs DATABASE_URL=postgres://… and REDIS_URL=redis://…).
+reliability: $(VENV)/.installed
+	RUNS_RELIABILITY_REPORT=docs/reliability.md $(PY) -m pytest tests/e2e/test_cluster.py tests/test_hostile.py tests/test_live_security.py -q
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -7,6 +7,7 @@ join, cancel with wait) follow a run until it ends, so they are left to the end-
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,7 +25,8 @@ from schemathesis.specs.openapi.checks import (
 
 from runs import services
 
-MAX_EXAMPLES = 12
+# CI runs a bounded budget; `make fuzz` (SCHEMATHESIS_EXAMPLES=200) runs a larger one.
+MAX_EXAMPLES = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "12"))
 
 schema = (
     schemathesis.openapi.from_wsgi("/api/openapi.json", get_wsgi_application())
