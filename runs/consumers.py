@@ -140,6 +140,7 @@ class RunsConsumer(_BatchingConsumer):
             self.queryset = selectors.inbox(self.filters, oldest_first=form.oldest_first)
             self.ordering = form.ordering
             self.page = form.page_number
+            self.shown = self._page_ids()
         elif self.view == "runs":
             form = RunFilterForm(self.params)
             self.filters = form.run_filters()
@@ -150,9 +151,15 @@ class RunsConsumer(_BatchingConsumer):
             )
             self.ordering = form.ordering
             self.page = form.page_number
+            self.shown = self._page_ids()
         else:
             raise ValueError(f"unknown view {self.view!r}")
         return [RUNS_GROUP]
+
+    def _page_ids(self) -> set[str]:
+        start = (self.page - 1) * PAGE_SIZE
+        ids = self.queryset.values_list("id", flat=True)[start : start + PAGE_SIZE]
+        return {str(i) for i in ids}
 
     async def catch_up(self) -> None:
         """Changes committed between the page's render and this connection."""
@@ -201,57 +208,81 @@ class RunsConsumer(_BatchingConsumer):
         return self._render_list(changes)
 
     def _render_list(self, changes: list[dict[str, Any]]) -> str:
+        """Rows to insert, update or delete for a batch of changed runs, then the total.
+
+        `self.shown` is what this socket believes the page lists (its page at connect time,
+        then every row pushed or deleted). One query finds which changed runs match the list;
+        a matching run not shown yet costs one more (its position, to insert it in place).
+        """
         inbox = self.view == "inbox"
-        relevant = [
-            c
-            for c in changes
-            if (not c.get("parent_run_id") or not self.filters.top_level_only)
-            and (not inbox or c["statuses"] & INBOX_RELEVANT or c["run_id"] in self.watched)
-        ]
-        if not relevant:
-            return ""
-        parts = []
-        start = (self.page - 1) * PAGE_SIZE
         prefix = "inbox-row-" if inbox else "run-row-"
-        for change in relevant:
-            run_id = change["run_id"]
-            if change.get("status") == "deleted":
-                parts.append(self.fragments.row_delete(f"{prefix}{run_id}", change.get("seq") or 0))
+        changes = [
+            c for c in changes if not c.get("parent_run_id") or not self.filters.top_level_only
+        ]
+        if not changes:
+            return ""
+        ids = [UUID(c["run_id"]) for c in changes if c.get("status") != "deleted"]
+        matching = {str(i) for i in self.queryset.filter(id__in=ids).values_list("id", flat=True)}
+        start = (self.page - 1) * PAGE_SIZE
+        plan: list[tuple[str, str, int | None, int]] = []  # (run_id, action, insert_at, seq)
+        membership_changed = False
+        for change in changes:
+            run_id, seq = change["run_id"], int(change.get("seq") or 0)
+            relevant = bool(change["statuses"] & INBOX_RELEVANT)
+            if run_id not in matching:
+                if inbox and run_id in self.watched and change.get("status") != "deleted":
+                    plan.append((run_id, "decided", None, seq))
+                elif run_id in self.shown or relevant or change.get("status") == "deleted":
+                    plan.append((run_id, "delete", None, seq))
+                    self.shown.discard(run_id)
+                    membership_changed = True
                 continue
+            if run_id in self.shown and not inbox:
+                plan.append((run_id, "update", None, seq))  # created_at order never changes
+                continue
+            membership_changed = membership_changed or run_id not in self.shown or relevant
             position = selectors.run_list_position(self.queryset, UUID(run_id), self.ordering)
-            on_page = position is not None and start <= position < start + PAGE_SIZE
-            if on_page:
-                assert position is not None
-                parts.append(self._row(run_id, insert_at=position - start))
-            elif inbox and run_id in self.watched:
-                parts.append(self._row(run_id, decided=True))
+            if position is not None and start <= position < start + PAGE_SIZE:
+                plan.append((run_id, "row", position - start, seq))
+                self.shown.add(run_id)
+            elif run_id in self.shown:
+                plan.append((run_id, "delete", None, seq))
+                self.shown.discard(run_id)
+        parts = []
+        rows = self._rows([rid for rid, action, _, _ in plan if action != "delete"])
+        for run_id, action, insert_at, seq in plan:
+            run = rows.get(run_id)
+            if action == "delete" or run is None:
+                parts.append(self.fragments.row_delete(f"{prefix}{run_id}", seq))
+            elif inbox:
+                decided = action == "decided"
+                if decided and run.status in TERMINAL_STATUSES:
+                    self.watched.discard(run_id)
+                parts.append(self.fragments.inbox_row(run, insert_at=insert_at, decided=decided))
             else:
-                parts.append(self.fragments.row_delete(f"{prefix}{run_id}", change.get("seq") or 0))
-        total = self.queryset.count()
-        noun = "waiting run" if inbox else "run"
-        parts.append(
-            self.fragments.list_total("inbox-total" if inbox else "runs-total", total, noun)
-        )
-        parts.append(
-            self.fragments.nav_inbox_count(
-                total if inbox and not _has_filters(self.filters) else _inbox_count()
+                parts.append(self.fragments.run_row(run, insert_at=insert_at))
+        if membership_changed:
+            total = self.queryset.count()
+            noun = "waiting run" if inbox else "run"
+            parts.append(
+                self.fragments.list_total("inbox-total" if inbox else "runs-total", total, noun)
             )
-        )
+            parts.append(
+                self.fragments.nav_inbox_count(
+                    total if inbox and not _has_filters(self.filters) else _inbox_count()
+                )
+            )
         return "\n".join(p for p in parts if p)
 
-    def _row(self, run_id: str, *, insert_at: int | None = None, decided: bool = False) -> str:
+    def _rows(self, run_ids: list[str]) -> dict[str, Any]:
+        if not run_ids:
+            return {}
+        ids = [UUID(r) for r in run_ids]
         if self.view == "inbox":
-            rows = selectors.inbox_rows([UUID(run_id)])
-            if not rows:
-                return self.fragments.row_delete(f"inbox-row-{run_id}")
-            run = rows[0]
-            if decided and run.status in TERMINAL_STATUSES:
-                self.watched.discard(run_id)
-            return self.fragments.inbox_row(run, insert_at=insert_at, decided=decided)
-        run = self.queryset.filter(id=run_id).first()
-        if run is None:
-            return self.fragments.row_delete(f"run-row-{run_id}")
-        return self.fragments.run_row(run, insert_at=insert_at)
+            runs = selectors.inbox_rows(ids)
+        else:
+            runs = list(self.queryset.filter(id__in=ids))
+        return {str(run.id): run for run in runs}
 
 
 def _has_filters(filters: selectors.RunFilters) -> bool:

@@ -137,6 +137,23 @@ async def test_a_committed_change_reaches_the_runs_group_and_that_run_only(suppo
             await communicator.disconnect()
 
 
+async def test_the_runs_list_inserts_new_runs_and_drops_those_leaving_its_filter(support) -> None:
+    old = await db(pending_echo)()
+    listing, ok = await connect("/ws/runs/?view=runs&status=pending", support)
+    assert ok
+    try:
+        new = await db(pending_echo)()
+        row = await receive_until(listing, lambda t: f'id="run-row-{new.id}"' in t)
+        assert 'data-insert-into="runs-rows" data-insert-at="0"' in row
+        assert re.search(r'id="runs-total"[^>]*>2 runs<', row)
+        await db(services.run_cancel)(run=old, action="interrupt", actor=support)
+        gone = await receive_until(listing, lambda t: f'id="run-row-{old.id}"' in t)
+        assert f'<div id="run-row-{old.id}" hx-swap-oob="delete"' in gone
+        assert re.search(r'id="runs-total"[^>]*>1 run<', gone)
+    finally:
+        await listing.disconnect()
+
+
 async def test_pushes_are_rendered_for_the_viewer_and_escape_tool_arguments(
     reviewer, support, drain
 ) -> None:
