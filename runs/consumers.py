@@ -232,6 +232,8 @@ class RunsConsumer(_BatchingConsumer):
             if run_id not in matching:
                 if inbox and run_id in self.watched and change.get("status") != "deleted":
                     plan.append((run_id, "decided", None, seq))
+                    membership_changed = membership_changed or run_id in self.shown or relevant
+                    self.shown.discard(run_id)
                 elif run_id in self.shown or relevant or change.get("status") == "deleted":
                     plan.append((run_id, "delete", None, seq))
                     self.shown.discard(run_id)

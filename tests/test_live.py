@@ -63,6 +63,22 @@ async def receive_until(
     raise AssertionError(f"no matching push within {timeout}s; got {seen}")
 
 
+async def receive_all_until(
+    communicator: WebsocketCommunicator, predicate: Callable[[str], bool], timeout: float = 8.0
+) -> str:
+    """Pushes received until, together, they match `predicate` (batches may split a change)."""
+    end = time.monotonic() + timeout
+    received = ""
+    while time.monotonic() < end:
+        try:
+            received += await communicator.receive_from(timeout=max(0.05, end - time.monotonic()))
+        except TimeoutError:
+            break
+        if predicate(received):
+            return received
+    raise AssertionError(f"pushes did not match within {timeout}s: {received[-2000:]}")
+
+
 def db(fn: Callable[..., Any]) -> Callable[..., Any]:
     return database_sync_to_async(fn)
 
@@ -227,10 +243,16 @@ async def test_the_inbox_keeps_following_a_run_its_reviewer_watches(reviewer, dr
         await inbox.send_to(text_data=json.dumps({"watch": str(run.id)}))
         await db(services.tool_call_approve)(run=run, actor=reviewer)
         await db(drain)()
-        text = await receive_until(
-            inbox, lambda t: f'id="inbox-row-{run.id}"' in t and "s-success" in t, timeout=8
+        text = await receive_all_until(
+            inbox,
+            lambda t: (
+                re.search(r'id="inbox-total"[^>]*>0 waiting runs<', t) is not None
+                and re.search(
+                    rf'id="inbox-row-{run.id}"[^>]*data-keep="1"[^>]*>.*?s-success', t, re.S
+                )
+                is not None
+            ),
         )
-        assert 'data-keep="1"' in text
         assert "approved" in text
     finally:
         await inbox.disconnect()
