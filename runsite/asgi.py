@@ -36,7 +36,20 @@ _router = ProtocolTypeRouter(
 async def application(scope: dict, receive: Any, send: Any) -> None:
     # Publishes from worker threads must reach the in-memory channel layer on this loop.
     live.bind_server_loop(asyncio.get_running_loop())
-    await _router(scope, receive, send)
+    if scope["type"] != "http":
+        await _router(scope, receive, send)
+        return
+    # Expose the client's disconnect to views (request.scope): a streaming view whose client
+    # left before its body started must still cancel the run it created (on_disconnect=cancel).
+    disconnected = asyncio.Event()
+
+    async def watched_receive() -> dict:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            disconnected.set()
+        return message
+
+    await _router({**scope, "runsite.disconnected": disconnected}, watched_receive, send)
 
 
 if settings.RUNS_EMBEDDED_WORKER:

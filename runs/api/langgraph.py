@@ -351,8 +351,12 @@ async def _stream_new_run(
         modes=modes,
         after=_start_after(run, payload),
         attempt=p.stream_attempt(run),
-        cancel_on_disconnect="on_disconnect=cancel" if payload.on_disconnect == "cancel" else None,
-        actor=caller.actor,
+        guard=streaming.disconnect_guard(
+            request,
+            run.id,
+            caller.actor,
+            "on_disconnect=cancel" if payload.on_disconnect == "cancel" else None,
+        ),
     )
     return streaming.sse_response(body, {"Location": f"{base}/stream", "Content-Location": base})
 
@@ -367,8 +371,12 @@ async def _wait_new_run(
     body = streaming.result_body(
         run.id,
         thread_id=run.thread_id,
-        cancel_on_disconnect="on_disconnect=cancel" if payload.on_disconnect == "cancel" else None,
-        actor=caller.actor,
+        guard=streaming.disconnect_guard(
+            request,
+            run.id,
+            caller.actor,
+            "on_disconnect=cancel" if payload.on_disconnect == "cancel" else None,
+        ),
     )
     return streaming.json_stream_response(
         body, {"Location": f"{base}/join", "Content-Location": base}
@@ -498,8 +506,12 @@ async def join_run(
     body = streaming.result_body(
         run.id,
         thread_id=run.thread_id,
-        cancel_on_disconnect="cancel_on_disconnect" if p.as_bool(cancel_on_disconnect) else None,
-        actor=caller.actor,
+        guard=streaming.disconnect_guard(
+            request,
+            run.id,
+            caller.actor,
+            "cancel_on_disconnect" if p.as_bool(cancel_on_disconnect) else None,
+        ),
     )
     return streaming.json_stream_response(
         body, {"Location": f"{base}/join", "Content-Location": base}
@@ -538,8 +550,12 @@ async def join_run_stream(
         modes=modes,
         after=_last_event_id(request, run),
         attempt=p.stream_attempt(run),
-        cancel_on_disconnect="cancel_on_disconnect" if p.as_bool(cancel_on_disconnect) else None,
-        actor=caller.actor,
+        guard=streaming.disconnect_guard(
+            request,
+            run.id,
+            caller.actor,
+            "cancel_on_disconnect" if p.as_bool(cancel_on_disconnect) else None,
+        ),
     )
     return streaming.sse_response(body, {"Location": f"{base}/stream", "Content-Location": base})
 
@@ -573,7 +589,7 @@ async def cancel_run(
     if not p.as_bool(wait):
         return HttpResponse(status=202)
     base = _run_path(run)
-    body = streaming.result_body(run.id, thread_id=run.thread_id, actor=caller.actor)
+    body = streaming.result_body(run.id, thread_id=run.thread_id)
     return streaming.json_stream_response(
         body, {"Location": f"{base}/join", "Content-Location": base}
     )

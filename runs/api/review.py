@@ -170,7 +170,6 @@ async def _decide_and_stream(
         modes=REVIEW_STREAM_MODES,
         after=run.last_seq,
         attempt=p.stream_attempt(run),
-        actor=caller.actor,
     )
     headers = {"Content-Location": f"/runs/{run.id}"}
     if run.thread_id:

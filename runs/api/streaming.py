@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import time
@@ -302,8 +303,67 @@ def _cancel_quietly(run_id: UUID, actor: str, reason: str) -> None:
 
 async def _cancel_after_disconnect(run_id: UUID, actor: str, why: str) -> None:
     logger.info("stream: client went away; cancelling run=%s (%s)", run_id, why)
-    with contextlib.suppress(Exception):
+    try:
         await db(_cancel_quietly, run_id, actor, DISCONNECT_REASON.format(why))
+    except Exception:
+        logger.exception("stream: cancelling run=%s after the client left failed", run_id)
+
+
+_guards: set[asyncio.Task] = set()
+
+
+class DisconnectGuard:
+    """Cancels a run when its client goes away before the response body is complete.
+
+    It watches the ASGI `http.disconnect` (runsite/asgi.py puts an event for it in the request's
+    scope), not the body generator: Django drops a response whose client left while the view
+    was still creating the run, and that body never starts, so a `finally` in it never runs.
+    Without the scope event (WSGI, tests) the body's own `finally` does the cancel.
+    """
+
+    def __init__(self, request: Any, run_id: UUID, actor: str, why: str):
+        self.run_id, self.actor, self.why = run_id, actor, why
+        self.done = asyncio.Event()
+        scope = getattr(request, "scope", None) or {}
+        self.disconnected: asyncio.Event | None = scope.get("runsite.disconnected")
+        if self.disconnected is not None:
+            # A fresh context: the watcher outlives the request, whose thread-sensitive
+            # executor (inherited through contextvars) is gone by the time it cancels.
+            task = asyncio.get_running_loop().create_task(
+                self._watch(), context=contextvars.Context()
+            )
+            _guards.add(task)
+            task.add_done_callback(_guards.discard)
+
+    @property
+    def watching(self) -> bool:
+        return self.disconnected is not None
+
+    async def _watch(self) -> None:
+        assert self.disconnected is not None
+        waiters = [
+            asyncio.ensure_future(self.disconnected.wait()),
+            asyncio.ensure_future(self.done.wait()),
+        ]
+        try:
+            await asyncio.wait(waiters, timeout=24 * 3600, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        if self.disconnected.is_set() and not self.done.is_set():
+            await _cancel_after_disconnect(self.run_id, self.actor, self.why)
+
+    async def body_ended(self, completed: bool) -> None:
+        if completed:
+            self.done.set()
+        elif not self.watching:
+            await _cancel_after_disconnect(self.run_id, self.actor, self.why)
+
+
+def disconnect_guard(
+    request: Any, run_id: UUID, actor: str, why: str | None
+) -> DisconnectGuard | None:
+    return DisconnectGuard(request, run_id, actor, why) if why else None
 
 
 async def sse_events(
@@ -312,8 +372,7 @@ async def sse_events(
     modes: list[str],
     after: int,
     attempt: int,
-    cancel_on_disconnect: str | None = None,
-    actor: str = "api:anonymous",
+    guard: DisconnectGuard | None = None,
 ) -> AsyncIterator[bytes]:
     """metadata, the run's frames after `after`, heartbeats, then `end` {run_id, status}."""
     completed = False
@@ -330,16 +389,15 @@ async def sse_events(
         yield sse_frame("end", {"run_id": str(run_id), "status": status})
         completed = True
     finally:
-        if not completed and cancel_on_disconnect:
-            await _cancel_after_disconnect(run_id, actor, cancel_on_disconnect)
+        if guard is not None:
+            await guard.body_ended(completed)
 
 
 async def result_body(
     run_id: UUID,
     *,
     thread_id: UUID | None,
-    cancel_on_disconnect: str | None = None,
-    actor: str = "api:anonymous",
+    guard: DisconnectGuard | None = None,
 ) -> AsyncIterator[bytes]:
     """`\\n` keep-alives while the run is going, then one JSON value (LangGraph /wait body)."""
     completed = False
@@ -355,8 +413,8 @@ async def result_body(
         yield json.dumps(follower.result, default=str).encode()
         completed = True
     finally:
-        if not completed and cancel_on_disconnect:
-            await _cancel_after_disconnect(run_id, actor, cancel_on_disconnect)
+        if guard is not None:
+            await guard.body_ended(completed)
 
 
 def sse_response(body: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingHttpResponse:
