@@ -97,3 +97,78 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
         if time.monotonic() > end:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+class WsRecorder:
+    """A websocket client on a background thread that records every frame with its wall time."""
+
+    def __init__(self, url: str, *, cookie: str | None = None, origin: str | None = None):
+        import asyncio
+        import threading
+
+        self.url = url
+        self.frames: list[tuple[float, str]] = []
+        self.closed_code: int | None = None
+        self.error: BaseException | None = None
+        self.connected = threading.Event()
+        self._stop = threading.Event()
+        headers = {}
+        if cookie:
+            headers["Cookie"] = f"sessionid={cookie}"
+        if origin:
+            headers["Origin"] = origin
+        self._headers = headers
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self._thread.start()
+
+    async def _main(self) -> None:
+        import asyncio
+
+        import websockets
+
+        while not self._stop.is_set():
+            try:
+                async with websockets.connect(
+                    self.url, additional_headers=self._headers, open_timeout=10
+                ) as ws:
+                    self.connected.set()
+                    while not self._stop.is_set():
+                        try:
+                            frame = await asyncio.wait_for(ws.recv(), timeout=0.2)
+                        except TimeoutError:
+                            continue
+                        self.frames.append(
+                            (time.time(), frame if isinstance(frame, str) else frame.decode())
+                        )
+            except Exception as exc:
+                self.error = exc
+                if getattr(exc, "response", None) is not None:
+                    self.closed_code = exc.response.status_code
+                    return  # refused at the handshake: do not retry
+                await asyncio.sleep(0.2)
+
+    def text(self) -> str:
+        return "\n".join(f for _, f in self.frames)
+
+    def first(self, needle: str) -> float | None:
+        for t, f in self.frames:
+            if needle in f:
+                return t
+        return None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def session_cookie_for(user: Any) -> str:
+    """A logged-in session for `user`, as the browser's sessionid cookie."""
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+    from django.contrib.sessions.backends.db import SessionStore
+
+    session = SessionStore()
+    session[SESSION_KEY] = str(user.pk)
+    session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    session[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    session.create()
+    return session.session_key
