@@ -151,7 +151,14 @@
     refreshTimes();
     markSelected();
   });
-  document.addEventListener("htmx:oobAfterSwap", function () { refreshTimes(); markSelected(); });
+  document.addEventListener("htmx:oobAfterSwap", function () {
+    refreshTimes();
+    markSelected();
+    // "every run matching the filter (N)" follows the list's pushed total.
+    var total = document.getElementById("runs-total");
+    var label = document.querySelector("[data-total]");
+    if (total && label) label.textContent = parseInt(total.textContent, 10);
+  });
 
   // --- flashes and errors ---------------------------------------------------------------
 
