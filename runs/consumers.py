@@ -26,7 +26,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.http import QueryDict
 
-from runs import selectors
+from runs import metrics, selectors
 from runs.exceptions import NotFound
 from runs.forms import PAGE_SIZE, InboxFilterForm, RunFilterForm
 from runs.fragments import Fragments
@@ -64,9 +64,14 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_add(group, self.channel_name)
             self.groups_joined.append(group)
         await self.accept()
+        self.counted = True
+        metrics.WEBSOCKETS.inc()
         await self.catch_up()
 
     async def disconnect(self, code: int) -> None:
+        if getattr(self, "counted", False):
+            metrics.WEBSOCKETS.dec()
+            self.counted = False
         if self._flush_task is not None:
             self._flush_task.cancel()
         for group in getattr(self, "groups_joined", []):

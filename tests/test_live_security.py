@@ -187,3 +187,28 @@ def test_record_the_permission_checks() -> None:
             f"answer 403 without the permission or the CSRF token; all {len(WS_PATHS)} websocket paths refuse; nothing written"
         ),
     )
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_open_websockets_are_counted_in_the_metrics() -> None:
+    from asgiref.sync import sync_to_async
+    from django.contrib.auth.models import User
+
+    from runs.metrics import WEBSOCKETS
+
+    cookie = await sync_to_async(lambda: session_cookie_for(User.objects.create_user("gauge")))()
+    before = WEBSOCKETS._value.get()
+    communicator = WebsocketCommunicator(
+        application,
+        "/ws/runs/",
+        headers=[
+            (b"origin", b"http://127.0.0.1"),
+            (b"host", b"127.0.0.1"),
+            (b"cookie", f"sessionid={cookie}".encode()),
+        ],
+    )
+    connected, _ = await communicator.connect(timeout=5)
+    assert connected
+    assert WEBSOCKETS._value.get() == before + 1
+    await communicator.disconnect()
+    assert WEBSOCKETS._value.get() == before

@@ -55,6 +55,7 @@ def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
     run, lease = claimed.run, claimed.lease
     started = time.monotonic()
     outcome_status = "lost"
+    failed = False
     try:
         try:
             agent = get_agent(run.agent_id)
@@ -97,6 +98,7 @@ def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
             "run=%s attempt=%s raised %s: %s", run.id, lease.attempt, type(exc).__name__, exc
         )
         error = error_of(exc)
+        failed = True
         if isinstance(exc, DatabaseError):
             # A dropped connection: get a fresh one so the failure can be recorded (and the
             # run retried) now, instead of waiting for the lease to expire.
@@ -104,6 +106,8 @@ def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
         outcome_status = _safely(lambda: services.run_fail_attempt(lease=lease, error=error).status)
     if outcome_status in (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.TIMEOUT):
         metrics.FINISHES.labels(outcome_status).inc()
+    if outcome_status in (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.TIMEOUT) and not failed:
+        # (a failure ending the run was logged by the service that recorded it)
         logger.info(
             "finish run=%s agent=%s attempt=%s status=%s duration=%.3fs",
             run.id,
