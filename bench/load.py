@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -93,6 +94,9 @@ def start_processes(
     return webs, workers
 
 
+ROW_ID = re.compile(r'id="run-row-([0-9a-f-]{36})"')
+
+
 class Stats:
     def __init__(self) -> None:
         self.latency: dict[str, list[float]] = defaultdict(list)
@@ -121,8 +125,9 @@ async def ws_client(url: str, cookie: str, stats: Stats, stop: asyncio.Event) ->
                     now = time.monotonic()
                     stats.ws_frames += 1
                     text = frame if isinstance(frame, str) else frame.decode()
-                    for run_id, created in list(stats.created_at.items()):
-                        if run_id not in seen and run_id in text:
+                    for run_id in ROW_ID.findall(text):
+                        created = stats.created_at.get(run_id)
+                        if created is not None and run_id not in seen:
                             seen.add(run_id)
                             stats.delivery.append((now - created) * 1000)
         except Exception:

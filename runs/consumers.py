@@ -40,6 +40,24 @@ MAX_WATCHED = 100
 INBOX_RELEVANT = {"suspended", "pending", "interrupted", "deleted"}
 
 
+_shared_renders: dict[tuple, asyncio.Future] = {}
+
+
+def _change_signature(changes: list[dict[str, Any]]) -> tuple:
+    return tuple(
+        sorted(
+            (
+                str(c.get("run_id")),
+                int(c.get("seq") or 0),
+                str(c.get("status")),
+                tuple(sorted(c.get("statuses") or ())),
+                str(c.get("parent_run_id") or ""),
+            )
+            for c in changes
+        )
+    )
+
+
 class _BatchingConsumer(AsyncWebsocketConsumer):
     """Collects `run.changed` messages and renders them in batches (latest seq per run)."""
 
@@ -93,13 +111,52 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         if self._flush_task is None:
             self._flush_task = asyncio.ensure_future(self._flush_later())
 
+    def cache_key(self, changes: list[dict[str, Any]]) -> tuple | None:
+        """What a render depends on, when sockets of this process may share it (None: never)."""
+        return None
+
+    def render_shared(self, changes: list[dict[str, Any]]) -> tuple[str, Any]:
+        """Render, returning the html and the state the render leaves (adopted by sharers)."""
+        return self.render(changes), None
+
+    def adopt(self, state: Any) -> None:
+        pass
+
+    async def _render(self, changes: list[dict[str, Any]]) -> str:
+        key = self.cache_key(changes)
+        if key is None:
+            return await database_sync_to_async(self.render)(changes)
+        # Sockets showing the same view to users with the same permissions receive the same
+        # messages at the same tick: render once per process and share the html.
+        future = _shared_renders.get(key)
+        if future is not None:
+            html, state = await asyncio.shield(future)
+            self.adopt(state)
+            return html
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        _shared_renders[key] = future
+        try:
+            result = await database_sync_to_async(self.render_shared)(changes)
+        except BaseException as exc:
+            _shared_renders.pop(key, None)
+            future.set_exception(exc)
+            future.exception()  # retrieved: sharers re-raise it themselves
+            raise
+        future.set_result(result)
+        loop.call_later(2.0, _shared_renders.pop, key, None)
+        return result[0]
+
     async def _flush_later(self) -> None:
         try:
-            await asyncio.sleep(self.batch_seconds)
             while self._pending:
+                # Flush on a shared tick so sockets in this process batch the same messages
+                # (and share one render), and send at most one frame per tick per socket.
+                now = time.monotonic()
+                await asyncio.sleep(self.batch_seconds - (now % self.batch_seconds))
                 batch, self._pending = self._pending, {}
                 try:
-                    html = await database_sync_to_async(self.render)(list(batch.values()))
+                    html = await self._render(list(batch.values()))
                 except Exception:
                     # A failed render must not kill the socket: the page re-fetches on the next
                     # change (or its poll) and the error is in the log.
@@ -126,7 +183,9 @@ class RunsConsumer(_BatchingConsumer):
     """Overview, inbox and runs pages (group `runs`), and a thread page (`thread.<id>`)."""
 
     def prepare(self) -> list[str]:
-        self.user.get_all_permissions()  # load the permission cache once, here, in a thread
+        # load the permission cache once, here, in a thread
+        perms = self.user.get_all_permissions()
+        self.permission_key = (frozenset(perms), self.user.is_staff, self.user.is_superuser)
         self.fragments = Fragments(self.user)
         self.watched: set[str] = set()
         thread_id = self.scope["url_route"]["kwargs"].get("thread_id")
@@ -200,6 +259,27 @@ class RunsConsumer(_BatchingConsumer):
         if self.view == "inbox" and len(self.watched) < MAX_WATCHED:
             self.watched.add(run_id)
             self.queue({"run_id": run_id, "seq": 0, "status": "watch"})
+
+    def cache_key(self, changes: list[dict[str, Any]]) -> tuple | None:
+        if self.watched:
+            return None  # following the reviewer's own decisions: personal
+        params = tuple(sorted((k, tuple(v)) for k, v in self.params.lists() if k != "at"))
+        return (
+            self.view,
+            str(getattr(self, "thread_id", "")),
+            params,
+            self.permission_key,
+            frozenset(getattr(self, "shown", ())),
+            _change_signature(changes),
+        )
+
+    def render_shared(self, changes: list[dict[str, Any]]) -> tuple[str, Any]:
+        html = self.render(changes)
+        return html, set(getattr(self, "shown", ()))
+
+    def adopt(self, state: Any) -> None:
+        if state is not None and hasattr(self, "shown"):
+            self.shown = set(state)
 
     def render(self, changes: list[dict[str, Any]]) -> str:
         if self.view == "overview":
