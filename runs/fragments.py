@@ -6,8 +6,9 @@ response and as a websocket push (htmx's ws extension swaps pushed elements by i
 one run carry `data-seq` (the run's last event number): static/runs/app.js drops a push older
 than what the page shows and re-fetches a region when it sees a gap.
 
-Permissions shape the HTML (a Support user gets no Approve button), so regions are always
-rendered for a given user, never shared between viewers.
+Permissions shape the HTML (a Support user gets no Approve button), so a region is rendered
+for a set of permissions: sockets share a render only with sockets of the same permissions
+(runs/consumers.py). No fragment shows who is looking at it.
 """
 
 from __future__ import annotations
