@@ -138,6 +138,12 @@ class Run(models.Model):
                 condition=Q(status="pending"),
                 name="run_queue_idx",
             ),
+            # The head of each thread's queue (claim query: runs on a thread run in order).
+            models.Index(
+                fields=["thread", "created_at", "id"],
+                condition=Q(status="pending", parent_run__isnull=True),
+                name="run_thread_queue_idx",
+            ),
             # Suspended-run listing per agent, newest suspension first (selectors).
             models.Index(
                 fields=["agent_id", "-suspended_at", "-id"],
