@@ -226,13 +226,19 @@ def test_a_running_run_stops_within_a_second_of_a_notified_cancel(start_worker, 
 
 @pytest.mark.postgres
 def test_a_lost_notification_is_caught_by_the_heartbeat(start_worker, support) -> None:
-    # This worker does not LISTEN, so it never hears the NOTIFY: only its heartbeat sees the cancel.
-    start_worker(concurrency=1, RUNS_NOTIFY="0", **{**FAST, "RUNS_HEARTBEAT_SECONDS": "0.5"})
-    run = create("slow", {"steps": 500, "delay_ms": 100})
-    wait_for(lambda: Checkpoint.objects.filter(run=run).count() >= 2, timeout=15)
+    # This worker does not LISTEN, so it never hears the NOTIFY, and its one tool call sleeps for
+    # 30 s without a fenced write: only its heartbeat can see the cancel request.
+    heartbeat = 1.0
+    start_worker(
+        concurrency=1, RUNS_NOTIFY="0", **{**FAST, "RUNS_HEARTBEAT_SECONDS": str(heartbeat)}
+    )
+    run = create("slow", {"steps": 1, "delay_ms": 30_000})
+    wait_for(lambda: ToolCall.objects.filter(run=run, status="running").exists(), timeout=15)
+    time.sleep(0.2)
     services.run_cancel(run=run, action="interrupt", actor=support)
     wait_status(run, RunStatus.INTERRUPTED, timeout=5)
-    assert _cancel_latency(run) < 0.5 + 0.3  # one heartbeat interval (+ a step boundary)
+    # within one heartbeat interval, plus the time to write the interrupt
+    assert _cancel_latency(run) < heartbeat + 0.5
 
 
 def test_bulk_cancel_by_status_across_threads_through_the_worker(start_worker, support) -> None:
