@@ -149,11 +149,12 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
 
     async def _flush_later(self) -> None:
         try:
+            # A fixed delay after the first message: sockets of one process hear a change within
+            # milliseconds of each other, so their batches match and they share one render.
+            # (Aligning flushes to a clock tick flushed sooner and let pushes overtake the
+            # response to a reviewer's own decision in the browser.)
+            await asyncio.sleep(self.batch_seconds)
             while self._pending:
-                # Flush on a shared tick so sockets in this process batch the same messages
-                # (and share one render), and send at most one frame per tick per socket.
-                now = time.monotonic()
-                await asyncio.sleep(self.batch_seconds - (now % self.batch_seconds))
                 batch, self._pending = self._pending, {}
                 try:
                     html = await self._render(list(batch.values()))
