@@ -110,9 +110,15 @@
       evt.detail.shouldSwap = false;
       return;
     }
-    // A row this reviewer just decided stays on screen and follows its run.
-    if (cur.keep && incoming.getAttribute("hx-swap-oob") === "delete") {
-      evt.detail.shouldSwap = false;
+    // A row this reviewer just decided stays on screen and follows its run: a push may not
+    // delete it, and a pushed version of the row (which can overtake the answer to the
+    // decision) keeps it marked, or the next push would delete it.
+    if (cur.keep) {
+      if (incoming.getAttribute("hx-swap-oob") === "delete") {
+        evt.detail.shouldSwap = false;
+        return;
+      }
+      inc.keep = cur.keep;
     }
   });
 
