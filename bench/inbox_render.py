@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -40,33 +39,14 @@ from django.utils import timezone  # noqa: E402
 
 from runs.models import Run, RunStatus, Thread, ToolCall, ToolCallStatus  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import machine  # noqa: E402
+
 CITY_SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string", "minLength": 1}},
     "required": ["city"],
 }
-
-
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    memory = ""
-    try:
-        kb = int(Path("/proc/meminfo").read_text().split()[1])
-        memory = f", {kb / 1024 / 1024:.1f} GiB RAM"
-    except (OSError, ValueError, IndexError):
-        pass
-    return (
-        f"{platform.system()} {platform.release()} {platform.machine()}, {cpu}, "
-        f"{os.cpu_count()} CPUs{memory}; Python {platform.python_version()}, "
-        f"Django {django.get_version()}"
-    )
 
 
 def database_version() -> str:
