@@ -47,6 +47,24 @@ class ValidationFailed(RunsError):
         super().__init__(detail, code=code, extra={"errors": errors or []})
         self.errors = errors or []
 
+    @classmethod
+    def field(cls, name: str, message: str, detail: str | None = None) -> ValidationFailed:
+        """Field `name` is invalid because `message` (the one shape every edge reports)."""
+        return cls(detail or f"{name}: {message}", errors=[{"field": name, "message": message}])
+
+
+class Unsupported(ValidationFailed):
+    """A request field Runsite does not implement for this target: refused, never ignored."""
+
+    code = "unsupported"
+
+    def __init__(self, field_name: str, detail: str | None = None):
+        super().__init__(
+            detail or f"{field_name} is not supported by Runsite",
+            errors=[{"field": field_name, "message": "not supported"}],
+        )
+        self.extra["field"] = field_name
+
 
 class PermissionDenied(RunsError):
     status_code = 403
