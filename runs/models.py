@@ -1,6 +1,6 @@
 """Runsite's data: threads, runs, checkpoints (snapshots), tool calls, events, audit, API keys.
 
-Models hold data and invariants only. Every state change goes through runs/services.py.
+Models hold data and invariants only. Every state change goes through runs/services.
 """
 
 from __future__ import annotations

@@ -777,7 +777,7 @@ def run_stream_state(
 
 def interrupts_of(tool_calls: list[ToolCall]) -> list[dict[str, Any]]:
     """LangGraph interrupts ({"id", "value"}) for waiting tool calls."""
-    from runs.services import _interrupt_of
+    from runs.contracts import interrupt_of as _interrupt_of
 
     return [
         _interrupt_of(

@@ -1,4 +1,4 @@
-"""The lifecycle table of DESIGN.md, one test per row, through runs/services.py."""
+"""The lifecycle table of DESIGN.md, one test per row, through runs/services."""
 
 from __future__ import annotations
 

@@ -7,31 +7,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import jsonschema
+from runs.validation import schema_errors
 
 if TYPE_CHECKING:
     from runs.engine.context import ToolContext
     from runs.engine.model import Model
 
+__all__ = ["Agent", "Tool", "delegate", "flatten_agents", "schema_errors", "tool"]
+
 logger = logging.getLogger(__name__)
 
 ApprovalRule = bool | Callable[[dict[str, Any]], bool]
-
-
-def schema_errors(schema: dict[str, Any] | None, value: Any) -> list[dict[str, str]]:
-    """Every way `value` breaks `schema`, as [{"field": "a.b", "message": ...}], sorted by field."""
-    if not schema:
-        return []
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = []
-    for err in validator.iter_errors(value):
-        path = ".".join(str(p) for p in err.absolute_path)
-        if err.validator == "required":
-            # jsonschema reports a missing property at the parent; name the property itself.
-            missing = err.message.split("'")[1] if "'" in err.message else ""
-            path = f"{path}.{missing}" if path and missing else (missing or path)
-        errors.append({"field": path or "(root)", "message": err.message})
-    return sorted(errors, key=lambda e: e["field"])
 
 
 def _pydantic_schema(model: Any) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    from runs.services import SuspendPlan
+    from runs.contracts import SuspendPlan
 
 
 class SuspendRequested(Exception):

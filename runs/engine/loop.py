@@ -1,6 +1,6 @@
 """The step loop: latest checkpoint → model → tool calls → checkpoint, until done or suspended.
 
-Every write goes through runs/services.py under the run's lease (fenced). Tool results already
+Every write goes through runs/services under the run's lease (fenced). Tool results already
 recorded are reused, never re-executed; the model's decision for a step is stored in the
 checkpoint (its pending tool calls), so a retried or resumed run never asks the model twice.
 """

@@ -7,14 +7,19 @@ OpenAI-compatible chat-completions endpoint.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import httpx
 
-if TYPE_CHECKING:
-    from runs.engine.agent import Tool
+
+class Tool(Protocol):
+    """What a model sees of a tool (runs.engine.agent.Tool satisfies it; no import needed)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
 
 
 @dataclass
@@ -67,7 +72,7 @@ class ModelInput:
 
 
 class Model(Protocol):
-    def decide(self, state: ModelInput, tools: list[Tool]) -> Decision: ...
+    def decide(self, state: ModelInput, tools: Sequence[Tool]) -> Decision: ...
 
 
 class ModelError(Exception):
@@ -80,7 +85,7 @@ class ScriptedModel:
     def __init__(self, script: Callable[[ModelInput], Decision]):
         self.script = script
 
-    def decide(self, state: ModelInput, tools: list[Tool]) -> Decision:
+    def decide(self, state: ModelInput, tools: Sequence[Tool]) -> Decision:
         return self.script(state)
 
 
@@ -150,7 +155,7 @@ class OpenAIChatModel:
                 out.append({"role": role or "user", "content": _content_text(m.get("content"))})
         return out
 
-    def decide(self, state: ModelInput, tools: list[Tool]) -> Decision:
+    def decide(self, state: ModelInput, tools: Sequence[Tool]) -> Decision:
         body: dict[str, Any] = {"model": self.model, "messages": self._messages(state)}
         if tools:
             body["tools"] = [

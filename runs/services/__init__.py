@@ -1,0 +1,89 @@
+"""Every state change of Runsite, one module per family of operations.
+
+Views, API handlers, consumers, commands and the engine call these functions; none of them
+decides state itself. Each function is atomic and announces its change only after commit
+(`live.run_changed_on_commit`), and wakes workers with `pg_notify` inside the transaction so a
+notification never arrives before the row it talks about. Lock order and fencing: see `core`.
+
+`from runs import services; services.run_cancel(...)` is the way in; the modules are:
+threads, runs (create), queue (claim/heartbeat/reap/release), steps, finish, cancel,
+decisions, access, and core (locks, events, audit, publishing).
+"""
+
+from __future__ import annotations
+
+from runs.contracts import (
+    Actor,
+    BulkCancelResult,
+    ClaimedRun,
+    FenceResult,
+    Lease,
+    StepWrite,
+    SuspendPlan,
+    actor_name,
+)
+from runs.services.access import (
+    GROUP_PERMISSIONS,
+    api_key_create,
+    api_key_revoke,
+    api_key_touch,
+    groups_ensure,
+)
+from runs.services.cancel import run_cancel, run_delete, runs_cancel_many
+from runs.services.core import CANCEL_CHANNEL, DEFAULT_DECLINE_TEXT, QUEUE_CHANNEL, REJECT_MESSAGE
+from runs.services.decisions import (
+    thread_resume,
+    tool_call_answer,
+    tool_call_approve,
+    tool_call_decline,
+)
+from runs.services.finish import run_acknowledge_cancel, run_fail_attempt, run_finish
+from runs.services.queue import run_claim, run_heartbeat, run_release, run_set_deadline, runs_reap
+from runs.services.runs import run_create, run_create_child
+from runs.services.steps import run_emit, run_save_steps, run_suspend, tool_call_update
+from runs.services.threads import thread_create, thread_delete, thread_update, thread_update_state
+
+__all__ = [
+    "CANCEL_CHANNEL",
+    "DEFAULT_DECLINE_TEXT",
+    "GROUP_PERMISSIONS",
+    "QUEUE_CHANNEL",
+    "REJECT_MESSAGE",
+    "Actor",
+    "BulkCancelResult",
+    "ClaimedRun",
+    "FenceResult",
+    "Lease",
+    "StepWrite",
+    "SuspendPlan",
+    "actor_name",
+    "api_key_create",
+    "api_key_revoke",
+    "api_key_touch",
+    "groups_ensure",
+    "run_acknowledge_cancel",
+    "run_cancel",
+    "run_claim",
+    "run_create",
+    "run_create_child",
+    "run_delete",
+    "run_emit",
+    "run_fail_attempt",
+    "run_finish",
+    "run_heartbeat",
+    "run_release",
+    "run_save_steps",
+    "run_set_deadline",
+    "run_suspend",
+    "runs_cancel_many",
+    "runs_reap",
+    "thread_create",
+    "thread_delete",
+    "thread_resume",
+    "thread_update",
+    "thread_update_state",
+    "tool_call_answer",
+    "tool_call_approve",
+    "tool_call_decline",
+    "tool_call_update",
+]

@@ -1,0 +1,241 @@
+"""Cancellation: interrupt (keep the record) and rollback (delete it, the thread reverts)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from uuid import UUID
+
+from django.db import transaction
+from django.db.models import QuerySet
+
+from runs import metrics
+from runs.contracts import Actor, BulkCancelResult, actor_name
+from runs.exceptions import Conflict, ValidationFailed
+from runs.models import (
+    ACTIVE_STATUSES,
+    TERMINAL_STATUSES,
+    CancelAction,
+    Run,
+    RunStatus,
+)
+from runs.services.core import (
+    CANCEL_CHANNEL,
+    _append_events,
+    _audit,
+    _check_scope,
+    _latest_thread_values,
+    _lock_run,
+    _lock_thread,
+    _notify,
+    _now,
+    _publish,
+    _refresh_thread,
+    _validate_choice,
+    logger,
+)
+
+
+def run_cancel(
+    *, run: Run, action: str, actor: Actor, reason: str = "", pinned_resource_id: str | None = None
+) -> Run | None:
+    """Cancel one run. Returns the run, or None once it has been rolled back (deleted).
+
+    pending/suspended: done at once. running: the request is written on the row and the worker
+    is notified; it stops before its next step or tool call (the heartbeat catches a lost
+    notification). Finished runs: Conflict, nothing changes.
+    """
+    _validate_choice(action, CancelAction.values, "action")
+    _check_scope(run, pinned_resource_id, "Run")
+    with transaction.atomic():
+        locked = _lock_run(run.id)
+        if locked.parent_run_id is not None:
+            raise Conflict(
+                f"Run {run.id} is a sub-agent run; cancel its supervisor run "
+                f"{locked.parent_run_id} instead",
+                code="sub_agent_run",
+            )
+        result = _cancel_locked(locked, action=action, actor=actor, reason=reason)
+    return result
+
+
+def _cancel_locked(run: Run, *, action: str, actor: Actor, reason: str = "") -> Run | None:
+    transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc())
+    if run.status in TERMINAL_STATUSES:
+        raise Conflict(
+            f"Run {run.id} is already {run.status}; only pending, running or suspended runs "
+            "can be cancelled",
+            code="run_not_active",
+            extra={"status": run.status},
+        )
+    _audit(
+        actor=actor,
+        action=f"cancel_{action}",
+        run=run,
+        reason=reason,
+        before={"status": run.status},
+        after={"status": "deleted" if action == CancelAction.ROLLBACK else RunStatus.INTERRUPTED},
+    )
+    if run.status == RunStatus.RUNNING:
+        if run.cancel_requested_at is None or run.cancel_action != action:
+            now = _now()
+            run.cancel_action = action
+            run.cancel_requested_at = run.cancel_requested_at or now
+            run.cancel_reason = reason
+            run.save(
+                update_fields=[
+                    "cancel_action",
+                    "cancel_requested_at",
+                    "cancel_reason",
+                    "updated_at",
+                ]
+            )
+            run.last_seq = _append_events(
+                run.id,
+                [("cancel_requested", {"action": action, "reason": reason}, actor_name(actor))],
+            )
+            _notify(CANCEL_CHANNEL, str(run.id))
+            logger.info(
+                "cancel requested run=%s action=%s by=%s", run.id, action, actor_name(actor)
+            )
+            _publish(run)
+        return run
+    return _apply_cancel(run, action=action, actor=actor, reason=reason)
+
+
+def _apply_cancel(run: Run, *, action: str, actor: Actor, reason: str = "") -> Run | None:
+    """Stop a run now (caller holds thread + run locks and no worker is executing it)."""
+    if action == CancelAction.ROLLBACK:
+        _rollback_locked(run)
+        return None
+    now = _now()
+    run.status = RunStatus.INTERRUPTED
+    run.finished_at = now
+    run.cancel_action = CancelAction.INTERRUPT
+    run.cancel_requested_at = run.cancel_requested_at or now
+    run.cancel_reason = run.cancel_reason or reason
+    run.lease_owner = None
+    run.lease_expires_at = None
+    run.deadline_at = None
+    run.save(
+        update_fields=[
+            "status",
+            "finished_at",
+            "cancel_action",
+            "cancel_requested_at",
+            "cancel_reason",
+            "lease_owner",
+            "lease_expires_at",
+            "deadline_at",
+            "updated_at",
+        ]
+    )
+    run.last_seq = _append_events(
+        run.id,
+        [("cancelled", {"action": "interrupt", "reason": run.cancel_reason}, actor_name(actor))],
+    )
+    logger.info(
+        "cancel run=%s agent=%s action=interrupt attempt=%s", run.id, run.agent_id, run.attempt
+    )
+    for child in Run.objects.filter(parent_run=run, status__in=ACTIVE_STATUSES):
+        _apply_cancel(
+            child, action=CancelAction.INTERRUPT, actor=actor, reason="supervisor cancelled"
+        )
+    if run.parent_run_id is None and run.thread_id is not None:
+        _refresh_thread(run.thread_id, values=_latest_thread_values(run.thread_id))
+    _publish(run)
+    return run
+
+
+def _rollback_locked(run: Run) -> None:
+    """Delete the run with its checkpoints, events, tool calls and sub-agent runs; revert state."""
+    thread_id = run.thread_id
+    logger.info(
+        "cancel run=%s agent=%s action=rollback attempt=%s", run.id, run.agent_id, run.attempt
+    )
+    _publish(run, status="deleted", seq=run.last_seq + 1)
+    Run.objects.filter(id=run.id).delete()
+    if thread_id is not None:
+        # Runs on a thread execute one at a time, so the newest checkpoint left is the state
+        # from before this run.
+        _refresh_thread(thread_id, values=_latest_thread_values(thread_id))
+
+
+def runs_cancel_many(
+    *,
+    action: str,
+    actor: Actor,
+    run_ids: Sequence[UUID] | None = None,
+    thread_id: UUID | None = None,
+    status: str | None = None,
+    pinned_resource_id: str | None = None,
+    queryset: QuerySet | None = None,
+    reason: str = "",
+) -> BulkCancelResult:
+    """Cancel many runs: by ids (optionally on one thread), by status, or by a filtered queryset.
+
+    `status` is pending, running, suspended or all (every active run). Finished runs among the
+    ids are skipped, not an error: a bulk action must not fail because one run just ended.
+    """
+    _validate_choice(action, CancelAction.values, "action")
+    if status is not None and (run_ids is not None or thread_id is not None):
+        raise ValidationFailed(
+            "When providing a 'status', 'thread_id' and 'run_ids' must be omitted",
+            errors=[{"field": "status", "message": "cannot be combined with thread_id/run_ids"}],
+        )
+    qs = queryset if queryset is not None else Run.objects.all()
+    qs = qs.filter(parent_run__isnull=True)
+    if status is not None:
+        _validate_choice(status, ("pending", "running", "suspended", "all"), "status")
+        statuses = ACTIVE_STATUSES if status == "all" else (status,)
+        qs = qs.filter(status__in=statuses)
+    elif run_ids is not None:
+        qs = qs.filter(id__in=list(run_ids), status__in=ACTIVE_STATUSES)
+        if thread_id is not None:
+            qs = qs.filter(thread_id=thread_id)
+    elif thread_id is not None:
+        qs = qs.filter(thread_id=thread_id, status__in=ACTIVE_STATUSES)
+    elif queryset is None:
+        raise ValidationFailed(
+            "Give run_ids, thread_id or status",
+            errors=[
+                {"field": "status", "message": "one of run_ids, thread_id, status is required"}
+            ],
+        )
+    else:
+        qs = qs.filter(status__in=ACTIVE_STATUSES)
+    if pinned_resource_id is not None:
+        qs = qs.filter(resource_id=pinned_resource_id)
+
+    result = BulkCancelResult()
+    targets = list(qs.order_by("thread_id", "id").values_list("id", "thread_id"))
+    with transaction.atomic():
+        for tid in sorted({t for _, t in targets if t is not None}):
+            _lock_thread(tid)
+        runs = list(
+            Run.objects.select_for_update(no_key=True)
+            .filter(id__in=[r for r, _ in targets], status__in=ACTIVE_STATUSES)
+            .order_by("id")
+        )
+        for run in runs:
+            outcome = _cancel_locked(run, action=action, actor=actor, reason=reason)
+            if outcome is None:
+                result.deleted.append(run.id)
+            elif outcome.status == RunStatus.RUNNING:
+                result.requested.append(run.id)
+            else:
+                result.interrupted.append(run.id)
+    return result
+
+
+def run_delete(*, run: Run, actor: Actor, pinned_resource_id: str | None = None) -> None:
+    """Delete a run record (LangGraph `DELETE /threads/{t}/runs/{r}`). Active runs: Conflict."""
+    _check_scope(run, pinned_resource_id, "Run")
+    with transaction.atomic():
+        locked = _lock_run(run.id)
+        if locked.status in (RunStatus.PENDING, RunStatus.RUNNING):
+            raise Conflict(
+                f"Run {run.id} is {locked.status}; cancel it before deleting it",
+                code="run_active",
+            )
+        _audit(actor=actor, action="run_delete", run=locked, before={"status": locked.status})
+        _rollback_locked(locked)

@@ -1,0 +1,345 @@
+"""Shared pieces of the service layer: locks, events, audit, the thread-status rule, publishing.
+
+Lock order (deadlock avoidance): thread row (FOR NO KEY UPDATE, which does not block the
+KEY SHARE locks that inserting checkpoints/events takes), then run rows by id, then tool calls.
+Worker writes are *fenced*: they only touch a run while (id, lease_owner, attempt, status=running)
+still match, so a worker that lost its lease cannot write anything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Case, Exists, F, Q, QuerySet, Value, When
+from django.db.models.sql import UpdateQuery
+from django.utils import timezone
+
+from runs import live
+from runs.contracts import Actor, FenceResult, Lease, actor_name
+from runs.engine import wakeup
+from runs.exceptions import LeaseLost, NotFound, ValidationFailed
+from runs.models import (
+    TERMINAL_STATUSES,
+    AuditEntry,
+    Checkpoint,
+    Run,
+    RunEvent,
+    RunStatus,
+    Thread,
+    ThreadStatus,
+)
+
+logger = logging.getLogger("runs")
+
+
+QUEUE_CHANNEL = "runsite_queue"
+
+
+CANCEL_CHANNEL = "runsite_cancel"
+
+
+REJECT_MESSAGE = (
+    "Thread is already running a task. Wait for it to finish or choose a different "
+    "multitask strategy."
+)
+
+
+DEFAULT_DECLINE_TEXT = "The reviewer declined this tool call."
+
+
+def _now() -> datetime:
+    return timezone.now()
+
+
+def _is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def _update_returning(qs: QuerySet, returning: Sequence[str], **values: Any) -> list[tuple]:
+    """UPDATE … RETURNING through the ORM (PostgreSQL and SQLite ≥ 3.35 both support it).
+
+    Django's public update() returns only a row count; the fenced writes need the row back in
+    the same statement so the fence check, the event-sequence bump and the cancel check are one
+    round trip. This uses the compiler's `execute_returning_sql` (Django 6.1, pinned).
+    """
+    query = qs.query.chain(UpdateQuery)
+    query.add_update_values(values)
+    query.clear_select_clause()
+    model = qs.model
+    fields = [model._meta.get_field(name) for name in returning]
+    with transaction.mark_for_rollback_on_error(using=qs.db):
+        return query.get_compiler(qs.db).execute_returning_sql(fields)
+
+
+def _notify(channel: str, payload: str = "") -> None:
+    # Delivered by PostgreSQL at commit, never before the row is visible.
+    if _is_postgres() and settings.RUNS_NOTIFY:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+    # A worker in this very process (embedded mode, tests) is poked directly after commit.
+    if channel == CANCEL_CHANNEL:
+        ids = payload.split(",")
+        transaction.on_commit(lambda: wakeup.cancel_requested(ids), robust=True)
+    else:
+        transaction.on_commit(wakeup.wake, robust=True)
+
+
+def _publish(run: Run, *, status: str | None = None, seq: int | None = None) -> None:
+    live.run_changed_on_commit(
+        live.RunChange(
+            run_id=str(run.id),
+            thread_id=str(run.thread_id) if run.thread_id else None,
+            agent_id=run.agent_id,
+            status=status or run.status,
+            seq=seq if seq is not None else run.last_seq,
+            parent_run_id=str(run.parent_run_id) if run.parent_run_id else None,
+        )
+    )
+
+
+def _append_events(run_id: UUID, events: Sequence[tuple[str, dict[str, Any], str]]) -> int:
+    """Add events to a run's timeline and return the last seq. Caller holds the run's row lock."""
+    if not events:
+        return Run.objects.filter(id=run_id).values_list("last_seq", flat=True).first() or 0
+    rows = _update_returning(
+        Run.objects.filter(id=run_id),
+        ["last_seq"],
+        last_seq=F("last_seq") + len(events),
+        updated_at=_now(),
+    )
+    if not rows:
+        raise NotFound(f"Run {run_id} not found")
+    last = rows[0][0]
+    first = last - len(events) + 1
+    RunEvent.objects.bulk_create(
+        RunEvent(run_id=run_id, seq=first + i, kind=kind, data=data, actor=actor)
+        for i, (kind, data, actor) in enumerate(events)
+    )
+    return last
+
+
+def _insert_events(run_id: UUID, last_seq: int, events: Sequence[tuple[str, dict, str]]) -> None:
+    """Insert events whose seqs were already reserved (ending at last_seq) by a fenced update."""
+    first = last_seq - len(events) + 1
+    RunEvent.objects.bulk_create(
+        RunEvent(run_id=run_id, seq=first + i, kind=kind, data=data, actor=actor)
+        for i, (kind, data, actor) in enumerate(events)
+    )
+
+
+def _audit(
+    *,
+    actor: Actor,
+    action: str,
+    run: Run | None = None,
+    tool_call_id: str = "",
+    reason: str = "",
+    before: Any = None,
+    after: Any = None,
+    thread_id: UUID | None = None,
+) -> AuditEntry:
+    return AuditEntry.objects.create(
+        actor=actor_name(actor),
+        action=action,
+        run_id=run.id if run else None,
+        thread_id=run.thread_id if run else thread_id,
+        agent_id=run.agent_id if run else "",
+        resource_id=run.resource_id if run else None,
+        tool_call_id=tool_call_id,
+        reason=reason,
+        before=before,
+        after=after,
+    )
+
+
+def _lock_thread(thread_id: UUID | None) -> None:
+    if thread_id is not None:
+        list(Thread.objects.select_for_update(no_key=True).filter(id=thread_id).values("id"))
+
+
+def _lock_run(run_id: UUID) -> Run:
+    """Lock a run for a decision or a cancel, in the documented order (thread, then run)."""
+    thread_id = Run.objects.filter(id=run_id).values_list("thread_id", flat=True).first()
+    if thread_id is None and not Run.objects.filter(id=run_id).exists():
+        raise NotFound(f"Run {run_id} not found")
+    _lock_thread(thread_id)
+    run = Run.objects.select_for_update(no_key=True).filter(id=run_id).first()
+    if run is None:
+        raise NotFound(f"Run {run_id} not found")
+    return run
+
+
+def _latest_thread_values(thread_id: UUID) -> Any:
+    return (
+        Checkpoint.objects.filter(thread_id=thread_id)
+        .order_by("-created_at", "-id")
+        .values_list("values", flat=True)
+        .first()
+    )
+
+
+_UNSET: Any = object()
+
+
+def _refresh_thread(
+    thread_id: UUID | None, *, values: Any = _UNSET, finished_status: str | None = None
+) -> str | None:
+    """Derive the thread's status from its runs (and optionally store new values).
+
+    busy: a pending or running run; interrupted: a suspended run; error: the last finished run
+    failed; idle otherwise. Caller holds the thread lock. One UPDATE: the active-run checks are
+    subqueries of it, evaluated under the lock.
+    """
+    if thread_id is None:
+        return None
+    runs = Run.objects.filter(thread_id=thread_id, parent_run__isnull=True)
+    if finished_status is not None:
+        # The caller just finished a run: it is the thread's last finished run.
+        failed = finished_status in (RunStatus.ERROR, RunStatus.TIMEOUT)
+    else:
+        last = (
+            runs.filter(status__in=TERMINAL_STATUSES)
+            .order_by(F("finished_at").desc(nulls_last=True), "-created_at")
+            .values_list("status", flat=True)
+            .first()
+        )
+        failed = last in (RunStatus.ERROR, RunStatus.TIMEOUT)
+    idle = ThreadStatus.ERROR if failed else ThreadStatus.IDLE
+    status = Case(
+        When(
+            Exists(runs.filter(status__in=(RunStatus.PENDING, RunStatus.RUNNING))),
+            then=Value(ThreadStatus.BUSY),
+        ),
+        When(Exists(runs.filter(status=RunStatus.SUSPENDED)), then=Value(ThreadStatus.INTERRUPTED)),
+        default=Value(idle),
+    )
+    update: dict[str, Any] = {"status": status, "updated_at": _now()}
+    if values is not _UNSET:
+        update["values"] = values
+    rows = _update_returning(Thread.objects.filter(id=thread_id), ["status"], **update)
+    return rows[0][0] if rows else None
+
+
+def _check_scope(obj: Thread | Run, pinned_resource_id: str | None, what: str) -> None:
+    # An API key pinned to a resource sees nothing else: out of scope looks like not found.
+    if pinned_resource_id is not None and obj.resource_id != pinned_resource_id:
+        raise NotFound(f"{what} {obj.id} not found")
+
+
+def _check_json_size(value: Any, field_name: str, limit: int = 1_000_000) -> None:
+    """Refuse values PostgreSQL's jsonb cannot store (NaN, Infinity, NUL) or that are too big."""
+
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        raise ValidationFailed(
+            f"{field_name} is not valid JSON (NaN and Infinity are not allowed)",
+            errors=[{"field": field_name, "message": "not valid JSON"}],
+        ) from None
+    if "\\u0000" in text:
+        raise ValidationFailed(
+            f"{field_name} contains a NUL character (\\u0000), which cannot be stored",
+            errors=[{"field": field_name, "message": "contains \\u0000"}],
+        )
+    if len(text) > limit:
+        raise ValidationFailed(
+            f"{field_name} is too large ({len(text)} bytes, limit {limit})",
+            errors=[{"field": field_name, "message": "too large"}],
+        )
+
+
+def _validate_choice(value: str, choices: Iterable[str], field_name: str) -> str:
+    allowed = list(choices)
+    if value not in allowed:
+        raise ValidationFailed(
+            f"{field_name} must be one of {', '.join(allowed)}; got {value!r}",
+            errors=[{"field": field_name, "message": f"must be one of {', '.join(allowed)}"}],
+        )
+    return value
+
+
+def _lock_timeout() -> None:
+    if _is_postgres():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '2s'")
+
+
+def _lock_run_if(run_id: UUID, condition: Q) -> Run | None:
+    try:
+        run = _lock_run(run_id)
+    except NotFound:
+        return None
+    if not Run.objects.filter(condition, id=run_id).exists():
+        return None
+    return run
+
+
+def _fence(lease: Lease, *, events: int = 0, **changes: Any) -> FenceResult:
+    """Check that `lease` still holds the run, reserving `events` sequence numbers.
+
+    One statement: UPDATE … WHERE id, owner, attempt, status=running RETURNING. It also takes
+    the run's row lock for the rest of the transaction, and applies `changes` to the row.
+    """
+    rows = _update_returning(
+        Run.objects.filter(
+            id=lease.run_id,
+            lease_owner=lease.owner,
+            attempt=lease.attempt,
+            status=RunStatus.RUNNING,
+        ),
+        ["last_seq", "cancel_action"],
+        last_seq=F("last_seq") + events,
+        updated_at=_now(),
+        **changes,
+    )
+    if not rows:
+        raise LeaseLost(
+            f"run {lease.run_id}: lease (owner {lease.owner}, attempt {lease.attempt}) lost"
+        )
+    return FenceResult(last_seq=rows[0][0], cancel_action=rows[0][1])
+
+
+def _complete_lease(lease: Lease) -> Lease:
+    """Fill in a lease built by hand (tests, older callers) from the run row."""
+    if lease.agent_id:
+        return lease
+    row = (
+        Run.objects.filter(id=lease.run_id).values("thread_id", "agent_id", "parent_run_id").first()
+    )
+    if row is None:
+        raise LeaseLost(f"run {lease.run_id} no longer exists")
+    return Lease(
+        lease.run_id,
+        lease.owner,
+        lease.attempt,
+        row["thread_id"],
+        row["agent_id"],
+        row["parent_run_id"],
+    )
+
+
+def _publish_fenced(lease: Lease, seq: int, status: str = RunStatus.RUNNING) -> None:
+    live.run_changed_on_commit(
+        live.RunChange(
+            run_id=str(lease.run_id),
+            thread_id=str(lease.thread_id) if lease.thread_id else None,
+            agent_id=lease.agent_id,
+            status=status,
+            seq=seq,
+            parent_run_id=str(lease.parent_run_id) if lease.parent_run_id else None,
+        )
+    )
+
+
+def _notify_cancel_many(run_ids: Sequence[UUID]) -> None:
+    # One notification per batch keeps the payload under PostgreSQL's 8000-byte limit.
+    ids = [str(r) for r in run_ids]
+    for i in range(0, len(ids), 200):
+        _notify(CANCEL_CHANNEL, ",".join(ids[i : i + 200]))

@@ -1,0 +1,453 @@
+"""Human decisions on suspended runs: approve, decline, answer, resume."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from runs import metrics
+from runs.contracts import Actor, actor_name
+from runs.engine.registry import get_agent
+from runs.exceptions import AlreadyDecided, Conflict, NotFound, ValidationFailed
+from runs.models import (
+    PENDING_DECISION_STATUSES,
+    Run,
+    RunStatus,
+    Thread,
+    ToolCall,
+    ToolCallStatus,
+)
+from runs.services.core import (
+    QUEUE_CHANNEL,
+    _append_events,
+    _audit,
+    _check_json_size,
+    _check_scope,
+    _lock_run,
+    _lock_thread,
+    _notify,
+    _now,
+    _publish,
+    _refresh_thread,
+    logger,
+)
+from runs.validation import schema_errors
+
+
+def _waiting_calls(run: Run) -> list[ToolCall]:
+    return list(
+        ToolCall.objects.select_for_update(no_key=True)
+        .filter(run=run, status__in=PENDING_DECISION_STATUSES)
+        .order_by("created_at", "id")
+    )
+
+
+def _pick_tool_call(run: Run, tool_call_id: str | None, decided_verb: str) -> ToolCall:
+    if run.status != RunStatus.SUSPENDED:
+        raise Conflict(
+            f"Run {run.id} is {run.status}, not suspended; there is nothing to {decided_verb}",
+            code="run_not_suspended",
+            extra={"status": run.status},
+        )
+    if tool_call_id is None:
+        waiting = _waiting_calls(run)
+        if len(waiting) != 1:
+            ids = [tc.tool_call_id for tc in waiting]
+            raise Conflict(
+                f"Run {run.id} waits on {len(ids)} tool calls; say which one with tool_call_id "
+                f"(pending: {', '.join(ids)})",
+                code="tool_call_required",
+                extra={"pending_tool_call_ids": ids},
+            )
+        return waiting[0]
+    tc = (
+        ToolCall.objects.select_for_update(no_key=True)
+        .filter(run=run, tool_call_id=tool_call_id)
+        .first()
+    )
+    if tc is None:
+        raise NotFound(
+            f"Tool call {tool_call_id} not found on run {run.id}", code="tool_call_not_found"
+        )
+    return tc
+
+
+def _ensure_waiting(tc: ToolCall, expected: Sequence[str], verb: str) -> None:
+    if tc.status in expected:
+        return
+    if tc.decided_by:
+        raise AlreadyDecided(
+            f"Tool call {tc.tool_call_id} was already {tc.status} by {tc.decided_by}",
+            extra={"status": tc.status, "decided_by": tc.decided_by},
+        )
+    raise Conflict(
+        f"Tool call {tc.tool_call_id} is {tc.status}; it cannot be {verb}",
+        code="tool_call_not_waiting",
+        extra={"status": tc.status},
+    )
+
+
+def tool_call_approve(
+    *,
+    run: Run,
+    actor: Actor,
+    tool_call_id: str | None = None,
+    args: dict[str, Any] | None = None,
+    pinned_resource_id: str | None = None,
+) -> Run:
+    """Approve a tool call awaiting approval, optionally with edited arguments."""
+    _check_scope(run, pinned_resource_id, "Run")
+    with transaction.atomic():
+        locked = _lock_run(run.id)
+        tc = _pick_tool_call(locked, tool_call_id, "approve")
+        _ensure_waiting(tc, (ToolCallStatus.AWAITING_APPROVAL,), "approved")
+        if args is not None:
+            _validate_edited_args(locked, tc, args)
+        _decide(locked, tc, decision="approved", actor=actor, args=args)
+        return _after_decision(locked, actor)
+
+
+def tool_call_decline(
+    *,
+    run: Run,
+    actor: Actor,
+    tool_call_id: str | None = None,
+    reason: str = "",
+    pinned_resource_id: str | None = None,
+) -> Run:
+    """Decline a waiting tool call; the model gets the reason instead of a result."""
+    _check_scope(run, pinned_resource_id, "Run")
+    if reason is not None and len(reason) > 10_000:
+        raise ValidationFailed(
+            "reason is too long (10000 characters at most)",
+            errors=[{"field": "reason", "message": "too long"}],
+        )
+    with transaction.atomic():
+        locked = _lock_run(run.id)
+        tc = _pick_tool_call(locked, tool_call_id, "decline")
+        _ensure_waiting(tc, PENDING_DECISION_STATUSES, "declined")
+        _decide(locked, tc, decision="declined", actor=actor, reason=reason or "")
+        return _after_decision(locked, actor)
+
+
+def tool_call_answer(
+    *,
+    run: Run,
+    actor: Actor,
+    resume_data: Any,
+    tool_call_id: str | None = None,
+    pinned_resource_id: str | None = None,
+) -> Run:
+    """Give a tool that called ctx.suspend() the data it asked for (checked against its schema)."""
+    _check_scope(run, pinned_resource_id, "Run")
+    with transaction.atomic():
+        locked = _lock_run(run.id)
+        tc = _pick_tool_call(locked, tool_call_id, "answer")
+        _ensure_waiting(tc, (ToolCallStatus.AWAITING_INPUT,), "answered")
+        _validate_resume_data(tc, resume_data)
+        _decide(locked, tc, decision="answered", actor=actor, resume_data=resume_data)
+        return _after_decision(locked, actor)
+
+
+def thread_resume(*, thread: Thread, resume: Any, actor: Actor) -> Run:
+    """LangGraph `command.resume`: decide the waiting tool calls of the thread's suspended run.
+
+    For an approval the value is {"approved": true[, "args": {...}]} or {"approved": false,
+    "reason": "..."}; for a tool that asked for input it is the resume data. With several
+    waiting calls, a map {tool_call_id: value}.
+    """
+    with transaction.atomic():
+        _lock_thread(thread.id)
+        run_id = (
+            Run.objects.filter(thread=thread, status=RunStatus.SUSPENDED, parent_run__isnull=True)
+            .order_by("-suspended_at", "-id")
+            .values_list("id", flat=True)
+            .first()
+        )
+        if run_id is None:
+            raise Conflict(
+                f"Thread {thread.id} has no suspended run to resume", code="nothing_to_resume"
+            )
+        run = _lock_run(run_id)
+        waiting = _waiting_calls(run)
+        by_id = {tc.tool_call_id: tc for tc in waiting}
+        if (
+            isinstance(resume, dict)
+            and resume
+            and set(resume) <= set(by_id)
+            and (len(waiting) > 1 or not _looks_like_value_for(waiting[0], resume))
+        ):
+            plan = [(by_id[k], v) for k, v in resume.items()]
+        elif len(waiting) == 1:
+            plan = [(waiting[0], resume)]
+        else:
+            raise Conflict(
+                f"Run {run.id} waits on {len(waiting)} tool calls; resume with a map "
+                f"{{tool_call_id: value}} (pending: {', '.join(by_id)})",
+                code="tool_call_required",
+                extra={"pending_tool_call_ids": list(by_id)},
+            )
+        for tc, value in plan:
+            if tc.status == ToolCallStatus.AWAITING_APPROVAL:
+                if not isinstance(value, dict) or not isinstance(value.get("approved"), bool):
+                    raise ValidationFailed(
+                        f"Tool call {tc.tool_call_id} needs an approval: resume with "
+                        '{"approved": true} or {"approved": false, "reason": "..."}',
+                        errors=[
+                            {
+                                "field": f"resume.{tc.tool_call_id}",
+                                "message": 'expected {"approved": bool}',
+                            }
+                        ],
+                    )
+                if value["approved"]:
+                    args = value.get("args")
+                    if args is not None:
+                        _validate_edited_args(run, tc, args)
+                    _decide(run, tc, decision="approved", actor=actor, args=args)
+                else:
+                    _decide(
+                        run,
+                        tc,
+                        decision="declined",
+                        actor=actor,
+                        reason=str(value.get("reason") or ""),
+                    )
+            else:
+                _validate_resume_data(tc, value)
+                _decide(run, tc, decision="answered", actor=actor, resume_data=value)
+        return _after_decision(run, actor)
+
+
+def _looks_like_value_for(tc: ToolCall, value: dict[str, Any]) -> bool:
+    # {"approved": ...} or data matching the tool's schema is a value, not an id map.
+    if tc.status == ToolCallStatus.AWAITING_APPROVAL:
+        return "approved" in value
+    return not schema_errors(tc.resume_schema, value)
+
+
+def _validate_edited_args(run: Run, tc: ToolCall, args: Any) -> None:
+    if not isinstance(args, dict):
+        raise ValidationFailed(
+            "args must be an object", errors=[{"field": "args", "message": "must be an object"}]
+        )
+    _check_json_size(args, "args")
+    if tc.child_run_id is not None:
+        return  # checked against the sub-agent's tool when carried down
+    try:
+        tool = get_agent(run.agent_id).get_tool(tc.tool_name)
+    except NotFound:
+        tool = None
+    if tool is not None:
+        errors = tool.argument_errors(args)
+        if errors:
+            raise ValidationFailed(
+                f"args do not match the arguments of tool {tc.tool_name}",
+                errors=[
+                    {**e, "field": f"args.{e['field']}" if e["field"] != "(root)" else "args"}
+                    for e in errors
+                ],
+            )
+
+
+def _validate_resume_data(tc: ToolCall, data: Any) -> None:
+    _check_json_size(data, "resume_data")
+    errors = schema_errors(tc.resume_schema, data)
+    if errors:
+        listed = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+        raise ValidationFailed(
+            f"resume_data does not match the schema of tool call {tc.tool_call_id}: {listed}",
+            errors=[
+                {
+                    **e,
+                    "field": f"resume_data.{e['field']}"
+                    if e["field"] != "(root)"
+                    else "resume_data",
+                }
+                for e in errors
+            ],
+        )
+
+
+def _decide(
+    run: Run,
+    tc: ToolCall,
+    *,
+    decision: str,
+    actor: Actor,
+    args: dict[str, Any] | None = None,
+    reason: str = "",
+    resume_data: Any = None,
+    carry_down: bool = True,
+    carried_from: Run | None = None,
+) -> None:
+    """Record one decision on a waiting tool call (caller holds the run lock).
+
+    On a delegation call (`child_run` set) the decision is carried down to the sub-agent's
+    waiting calls unless it came up from there (`carry_down=False`).
+    """
+    now = _now()
+    before = {"status": tc.status, "args": tc.args}
+    tc.decided_by = actor_name(actor)
+    tc.decided_at = now
+    tc.decision_reason = reason
+    if decision == "approved":
+        tc.status = ToolCallStatus.APPROVED
+        if args is not None and args != tc.args and tc.child_run_id is None:
+            tc.original_args = tc.args
+            tc.args = args
+    elif decision == "declined":
+        tc.status = ToolCallStatus.DECLINED
+    else:
+        tc.status = ToolCallStatus.ANSWERED
+        tc.resume_data = resume_data
+    tc.save()
+    transaction.on_commit(lambda: _count_decision(decision, tc.suspended_at, now))
+    data: dict[str, Any] = {
+        "tool_call_id": tc.tool_call_id,
+        "tool_name": tc.tool_name,
+        "decision": decision,
+    }
+    if tc.original_args is not None and decision == "approved":
+        data["args"] = tc.args
+        data["original_args"] = tc.original_args
+    if reason:
+        data["reason"] = reason
+    if decision == "answered":
+        data["resume_data"] = resume_data
+    if carried_from is not None:
+        data["carried_from_run_id"] = str(carried_from.id)
+    run.last_seq = _append_events(run.id, [("decision", data, actor_name(actor))])
+    _audit(
+        actor=actor,
+        action={"approved": "approve", "declined": "decline", "answered": "answer"}[decision],
+        run=run,
+        tool_call_id=tc.tool_call_id,
+        reason=reason,
+        before=before,
+        after={
+            "status": tc.status,
+            "args": tc.args,
+            **({"resume_data": resume_data} if decision == "answered" else {}),
+        },
+    )
+    logger.info(
+        "decision run=%s tool_call=%s %s by=%s",
+        run.id,
+        tc.tool_call_id,
+        decision,
+        actor_name(actor),
+    )
+    if tc.child_run_id is not None and carry_down:
+        _carry_down(
+            run,
+            tc,
+            decision=decision,
+            actor=actor,
+            args=args,
+            reason=reason,
+            resume_data=resume_data,
+        )
+
+
+def _count_decision(decision: str, suspended_at: datetime | None, decided_at: datetime) -> None:
+    metrics.DECISIONS.labels(decision).inc()
+    if suspended_at is not None:
+        metrics.DECISION_LATENCY.observe(max(0.0, (decided_at - suspended_at).total_seconds()))
+
+
+def _carry_down(
+    parent: Run,
+    tc: ToolCall,
+    *,
+    decision: str,
+    actor: Actor,
+    args: Any,
+    reason: str,
+    resume_data: Any,
+) -> None:
+    """A decision on a supervisor's delegation call decides the sub-agent's waiting calls."""
+    child = Run.objects.select_for_update(no_key=True).filter(id=tc.child_run_id).first()
+    if child is None or child.status != RunStatus.SUSPENDED:
+        return
+    waiting = _waiting_calls(child)
+    if args is not None and len(waiting) != 1:
+        raise ValidationFailed(
+            f"the sub-agent run {child.id} waits on {len(waiting)} calls; edit arguments on it directly",
+            errors=[{"field": "args", "message": "ambiguous for several sub-agent calls"}],
+        )
+    for inner in waiting:
+        if decision == "approved" and inner.status != ToolCallStatus.AWAITING_APPROVAL:
+            raise Conflict(
+                f"the sub-agent's tool call {inner.tool_call_id} asks for input, not approval",
+                code="tool_call_not_waiting",
+            )
+        if decision == "answered":
+            _validate_resume_data(inner, resume_data)
+        if decision == "approved" and args is not None:
+            _validate_edited_args(child, inner, args)
+        _decide(
+            child,
+            inner,
+            decision=decision,
+            actor=actor,
+            args=args,
+            reason=reason,
+            resume_data=resume_data,
+            carried_from=parent,
+        )
+    if not _waiting_calls(child):
+        _release_decided(child, actor)
+
+
+def _release_decided(run: Run, actor: Actor) -> None:
+    """Every waiting call of `run` is decided: it continues (a sub-agent through its parent)."""
+    run.status = RunStatus.PENDING
+    run.save(update_fields=["status", "updated_at"])
+    run.last_seq = _append_events(run.id, [("resumed", {}, actor_name(actor))])
+    _publish(run)
+
+
+def _after_decision(run: Run, actor: Actor) -> Run:
+    """After a decision on `run`: continue it when nothing is left waiting (and its parents)."""
+    if _waiting_calls(run):
+        _publish(run)
+        return run
+    _release_decided(run, actor)
+    current = run
+    while current.parent_run_id is not None:
+        parent = Run.objects.select_for_update(no_key=True).get(id=current.parent_run_id)
+        if parent.status != RunStatus.SUSPENDED:
+            break
+        delegation = (
+            ToolCall.objects.select_for_update(no_key=True)
+            .filter(run=parent, child_run=current, status__in=PENDING_DECISION_STATUSES)
+            .first()
+        )
+        if delegation is not None:
+            decision = (
+                "approved" if delegation.status == ToolCallStatus.AWAITING_APPROVAL else "answered"
+            )
+            _decide(
+                parent,
+                delegation,
+                decision=decision,
+                actor=actor,
+                reason=f"decided on sub-agent run {current.id}",
+                carry_down=False,
+                carried_from=current,
+            )
+        if _waiting_calls(parent):
+            _publish(parent)
+            break
+        _release_decided(parent, actor)
+        current = parent
+    top = current if current.parent_run_id is None else None
+    if top is not None and top.status == RunStatus.PENDING:
+        _refresh_thread(top.thread_id)
+        _notify(QUEUE_CHANNEL)
+    run.refresh_from_db()
+    return run

@@ -1,0 +1,289 @@
+"""Ending a run the worker holds: success, error, timeout, retry, acknowledged cancel."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from runs.contracts import FenceResult, Lease, StepWrite
+from runs.exceptions import LeaseLost
+from runs.models import (
+    ACTIVE_STATUSES,
+    CancelAction,
+    Run,
+    RunStatus,
+)
+from runs.services.cancel import _apply_cancel
+from runs.services.core import (
+    _UNSET,
+    QUEUE_CHANNEL,
+    _append_events,
+    _complete_lease,
+    _fence,
+    _insert_events,
+    _is_postgres,
+    _latest_thread_values,
+    _lock_thread,
+    _notify,
+    _now,
+    _publish,
+    _publish_fenced,
+    _refresh_thread,
+    _validate_choice,
+    logger,
+)
+from runs.services.steps import _step_event, _write_steps
+
+
+def run_finish(
+    *,
+    lease: Lease,
+    status: str,
+    output: Any = None,
+    error: dict[str, Any] | None = None,
+    values: Any = _UNSET,
+    steps: Sequence[StepWrite] = (),
+    events: Sequence[tuple[str, dict[str, Any], str]] = (),
+) -> FenceResult:
+    """End a run the worker holds (success, error or timeout), with its last steps, in one go.
+
+    The common path (an agent that answers at once) is a single transaction: lock the thread,
+    one fenced UPDATE that also ends the run, bulk inserts, and the thread's new status.
+    """
+    _validate_choice(status, (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.TIMEOUT), "status")
+    finished: dict[str, Any] = {"status": status}
+    if output is not None:
+        finished["output"] = output
+    if error is not None:
+        finished["error"] = error
+    all_events = [*events, *(_step_event(w) for w in steps), ("finished", finished, "system")]
+    lease = _complete_lease(lease)
+    if (
+        _is_postgres()
+        and status == RunStatus.SUCCESS
+        and lease.parent_run_id is None
+        and lease.thread_id is not None
+    ):
+        if values is _UNSET:
+            values = steps[-1].values if steps else _latest_thread_values(lease.thread_id)
+        return _finish_success_postgres(lease, output, values, steps, all_events)
+    with transaction.atomic():
+        _lock_thread(lease.thread_id)
+        now = _now()
+        fence = _fence(
+            lease,
+            events=len(all_events),
+            status=status,
+            output=output,
+            error=error,
+            finished_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
+            deadline_at=None,
+        )
+        _write_steps(lease, steps)
+        _insert_events(lease.run_id, fence.last_seq, all_events)
+        if status != RunStatus.SUCCESS:
+            _fail_children(lease.run_id, status)
+        if lease.parent_run_id is None and lease.thread_id is not None:
+            if values is _UNSET:
+                values = steps[-1].values if steps else _latest_thread_values(lease.thread_id)
+            _refresh_thread(lease.thread_id, values=values, finished_status=status)
+        _publish_fenced(lease, fence.last_seq, status=status)
+    return fence
+
+
+_FINISH_SQL_POSTGRES = """
+WITH f AS (
+    UPDATE runs_run
+       SET status = 'success', output = %(output)s::jsonb, error = NULL, finished_at = %(now)s,
+           lease_owner = NULL, lease_expires_at = NULL, deadline_at = NULL, updated_at = %(now)s,
+           last_seq = last_seq + %(n_events)s
+     WHERE id = %(run)s AND lease_owner = %(owner)s AND attempt = %(attempt)s
+       AND status = 'running'
+    RETURNING last_seq, cancel_action
+), steps AS (
+    INSERT INTO runs_checkpoint (id, thread_id, run_id, parent_id, step, values, pending, created_at)
+    SELECT x.id, %(thread)s, %(run)s, x.parent_id, x.step, x.values, x.pending, %(now)s
+      FROM f, jsonb_to_recordset(%(steps)s::jsonb)
+           AS x(id uuid, parent_id uuid, step integer, values jsonb, pending jsonb)
+), events AS (
+    INSERT INTO runs_runevent (run_id, seq, kind, data, actor, created_at)
+    SELECT %(run)s, f.last_seq - %(n_events)s + x.n, x.kind, x.data, x.actor, %(now)s
+      FROM f, ROWS FROM (jsonb_to_recordset(%(events)s::jsonb) AS (kind text, data jsonb, actor text))
+           WITH ORDINALITY AS x(kind, data, actor, n)
+), thread AS (
+    -- The run's own row still reads `running` in this statement's snapshot: leave it out.
+    UPDATE runs_thread
+       SET status = CASE
+             WHEN EXISTS (SELECT 1 FROM runs_run o WHERE o.thread_id = %(thread)s
+                             AND o.parent_run_id IS NULL AND o.id <> %(run)s
+                             AND o.status IN ('pending', 'running')) THEN 'busy'
+             WHEN EXISTS (SELECT 1 FROM runs_run o WHERE o.thread_id = %(thread)s
+                             AND o.parent_run_id IS NULL AND o.id <> %(run)s
+                             AND o.status = 'suspended') THEN 'interrupted'
+             ELSE 'idle' END,
+           values = %(values)s::jsonb, updated_at = %(now)s
+     WHERE id = %(thread)s AND EXISTS (SELECT 1 FROM f)
+)
+SELECT last_seq, cancel_action FROM f
+"""
+
+
+def _finish_success_postgres(
+    lease: Lease,
+    output: Any,
+    values: Any,
+    steps: Sequence[StepWrite],
+    all_events: Sequence[tuple[str, dict[str, Any], str]],
+) -> FenceResult:
+    """The common end of a run as two statements: lock the thread, then one statement that
+    fences and ends the run, writes its last steps and events, and updates the thread."""
+    params = {
+        "run": lease.run_id,
+        "owner": lease.owner,
+        "attempt": lease.attempt,
+        "thread": lease.thread_id,
+        "now": _now(),
+        "output": None if output is None else json.dumps(output, allow_nan=False),
+        "values": json.dumps(values, allow_nan=False),
+        "n_events": len(all_events),
+        "steps": json.dumps(
+            [
+                {
+                    "id": str(w.id),
+                    "parent_id": str(w.parent_id) if w.parent_id else None,
+                    "step": w.step,
+                    "values": w.values,
+                    "pending": w.pending,
+                }
+                for w in steps
+            ],
+            allow_nan=False,
+        ),
+        "events": json.dumps(
+            [{"kind": k, "data": d, "actor": a} for k, d, a in all_events], allow_nan=False
+        ),
+    }
+    with transaction.atomic():
+        _lock_thread(lease.thread_id)
+        with connection.cursor() as cursor:
+            cursor.execute(_FINISH_SQL_POSTGRES, params)
+            row = cursor.fetchone()
+        if row is None:
+            raise LeaseLost(
+                f"run {lease.run_id}: lease (owner {lease.owner}, attempt {lease.attempt}) lost"
+            )
+        _publish_fenced(lease, row[0], status=RunStatus.SUCCESS)
+    return FenceResult(last_seq=row[0], cancel_action=row[1])
+
+
+def _fail_children(run_id: UUID, status: str) -> None:
+    # Sub-agent runs still active under a failed supervisor would never be picked up again.
+    for child in Run.objects.filter(parent_run_id=run_id, status__in=ACTIVE_STATUSES):
+        _finish_locked(
+            child,
+            status=RunStatus.ERROR,
+            error={"error": "ParentFailed", "message": f"supervisor run ended {status}"},
+        )
+
+
+def _finish_locked(
+    run: Run,
+    *,
+    status: str,
+    output: Any = None,
+    error: dict[str, Any] | None = None,
+    values: Any = _UNSET,
+    kind: str = "finished",
+) -> None:
+    now = _now()
+    run.status = status
+    run.output = output
+    run.error = error
+    run.finished_at = now
+    run.lease_owner = None
+    run.lease_expires_at = None
+    run.deadline_at = None
+    run.save(
+        update_fields=[
+            "status",
+            "output",
+            "error",
+            "finished_at",
+            "lease_owner",
+            "lease_expires_at",
+            "deadline_at",
+            "updated_at",
+        ]
+    )
+    data: dict[str, Any] = {"status": status}
+    if output is not None:
+        data["output"] = output
+    if error is not None:
+        data["error"] = error
+    run.last_seq = _append_events(run.id, [(kind, data, "system")])
+    duration = (now - run.started_at).total_seconds() if run.started_at else 0.0
+    logger.info(
+        "finish run=%s agent=%s attempt=%s status=%s duration=%.3fs",
+        run.id,
+        run.agent_id,
+        run.attempt,
+        status,
+        duration,
+    )
+    if status != RunStatus.SUCCESS:
+        _fail_children(run.id, status)
+    if run.parent_run_id is None and run.thread_id is not None:
+        if values is _UNSET:
+            values = _latest_thread_values(run.thread_id)
+        _refresh_thread(run.thread_id, values=values)
+    _publish(run)
+
+
+def run_fail_attempt(*, lease: Lease, error: dict[str, Any]) -> Run:
+    """The agent raised. Retry (back to pending) while attempts remain, else end with error."""
+    with transaction.atomic():
+        thread_id = Run.objects.filter(id=lease.run_id).values_list("thread_id", flat=True).first()
+        _lock_thread(thread_id)
+        _fence(lease)
+        run = Run.objects.select_for_update(no_key=True).get(id=lease.run_id)
+        if run.attempt >= settings.RUNS_MAX_ATTEMPTS or run.parent_run_id is not None:
+            _finish_locked(run, status=RunStatus.ERROR, error=error)
+            return run
+        run.status = RunStatus.PENDING
+        run.lease_owner = None
+        run.lease_expires_at = None
+        run.deadline_at = None
+        run.save(
+            update_fields=["status", "lease_owner", "lease_expires_at", "deadline_at", "updated_at"]
+        )
+        run.last_seq = _append_events(
+            run.id, [("retry", {"attempt": run.attempt, "error": error}, "system")]
+        )
+        logger.info(
+            "retry run=%s agent=%s attempt=%s error=%s",
+            run.id,
+            run.agent_id,
+            run.attempt,
+            error.get("error"),
+        )
+        _notify(QUEUE_CHANNEL)
+        _publish(run)
+    return run
+
+
+def run_acknowledge_cancel(*, lease: Lease) -> Run | None:
+    """The worker stopped a run whose cancel was requested: apply interrupt or rollback."""
+    with transaction.atomic():
+        thread_id = Run.objects.filter(id=lease.run_id).values_list("thread_id", flat=True).first()
+        _lock_thread(thread_id)
+        fence = _fence(lease)
+        run = Run.objects.select_for_update(no_key=True).get(id=lease.run_id)
+        _apply_cancel(run, action=fence.cancel_action or CancelAction.INTERRUPT, actor=None)
+        return None if fence.cancel_action == CancelAction.ROLLBACK else run

@@ -1,0 +1,322 @@
+"""The queue: claim, heartbeat, reap, release (used by runs/engine/worker.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from django.conf import settings
+from django.db import IntegrityError, OperationalError, transaction
+from django.db.models import F, Q
+
+from runs import metrics
+from runs.contracts import ClaimedRun, Lease
+from runs.models import (
+    CancelAction,
+    Run,
+    RunEvent,
+    RunStatus,
+)
+from runs.services.cancel import _apply_cancel
+from runs.services.core import (
+    QUEUE_CHANNEL,
+    _insert_events,
+    _is_postgres,
+    _lock_run_if,
+    _lock_timeout,
+    _notify,
+    _now,
+    _publish,
+    _update_returning,
+    logger,
+)
+from runs.services.finish import _finish_locked
+
+_CLAIM_SQL_POSTGRES = """
+WITH candidate AS (
+    SELECT r.id, r.started_at IS NULL AS fresh
+      FROM runs_run r,
+           -- A claim lost in a database crash leaves the run pending (safe), and the worker's
+           -- next synchronous commit flushes it anyway: no need to wait for the WAL flush.
+           (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+     WHERE r.status = 'pending' AND r.parent_run_id IS NULL
+       AND (r.not_before IS NULL OR r.not_before <= %(now)s)
+       -- r is the head of its thread's queue, and its thread runs nothing. Written as scalar
+       -- subqueries over small partial indexes so the plan stays per-row index lookups even
+       -- when statistics are stale (a burst on a fresh table turned NOT EXISTS anti-joins into
+       -- O(n^2) plans: 7 s per claim with 6,000 queued runs).
+       AND r.id = (SELECT o.id FROM runs_run o
+                    WHERE o.thread_id = r.thread_id AND o.status = 'pending'
+                      AND o.parent_run_id IS NULL
+                    ORDER BY o.created_at, o.id LIMIT 1)
+       AND (SELECT o.id FROM runs_run o
+             WHERE o.thread_id = r.thread_id AND o.status = 'running' LIMIT 1) IS NULL
+     ORDER BY r.created_at, r.id
+     LIMIT %(limit)s
+     FOR UPDATE OF r SKIP LOCKED
+), claimed AS (
+    UPDATE runs_run SET status = 'running', lease_owner = %(owner)s,
+           attempt = runs_run.attempt + 1, lease_expires_at = %(expires)s,
+           deadline_at = %(deadline)s, started_at = COALESCE(runs_run.started_at, %(now)s),
+           updated_at = %(now)s, last_seq = runs_run.last_seq + 1
+      FROM candidate WHERE runs_run.id = candidate.id
+    RETURNING runs_run.*, candidate.fresh
+), started AS (
+    INSERT INTO runs_runevent (run_id, seq, kind, data, actor, created_at)
+    SELECT id, last_seq, 'started',
+           jsonb_build_object('attempt', attempt, 'worker', %(owner)s::text), '', %(now)s
+      FROM claimed
+)
+SELECT claimed.*, base.id AS base_checkpoint_id, base.values AS base_values
+  FROM claimed
+  LEFT JOIN LATERAL (
+        SELECT c.id, c.values FROM runs_checkpoint c
+         WHERE c.thread_id = claimed.thread_id
+         ORDER BY c.created_at DESC, c.id DESC LIMIT 1) base ON claimed.fresh
+"""
+# One statement, one round trip: pick (the CTE is an optimisation fence: with `WHERE id IN
+# (subquery … LIMIT)` the planner may re-run the subquery per row and lock more rows than
+# LIMIT, as Oban's engine notes), claim, write the `started` events, and fetch the thread state
+# a fresh run starts from.
+
+
+def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
+    """Claim up to `limit` runnable runs: oldest pending whose thread has no running run.
+
+    Each claimed Run carries `fresh` (never started before: no checkpoint of its own) and, on
+    PostgreSQL, `base_checkpoint_id`/`base_values` (the thread state it starts from).
+    """
+    now = _now()
+    expires = now + timedelta(seconds=settings.RUNS_LEASE_SECONDS)
+    # Default deadline (+ grace) so the reaper can time out a run stuck in a tool; agents with
+    # their own time limit move it when they start.
+    deadline = now + timedelta(seconds=settings.RUNS_DEFAULT_TIME_LIMIT + 5)
+    params = {"now": now, "limit": limit, "owner": owner, "expires": expires, "deadline": deadline}
+    for _ in range(5):
+        try:
+            if _is_postgres():
+                runs = list(Run.objects.raw(_CLAIM_SQL_POSTGRES, params))
+                for run in runs:
+                    if isinstance(run.base_values, str):
+                        run.base_values = json.loads(run.base_values)
+            else:
+                with transaction.atomic():
+                    runs = _claim_sqlite(**params)
+                    RunEvent.objects.bulk_create(
+                        RunEvent(
+                            run_id=r.id,
+                            seq=r.last_seq,
+                            kind="started",
+                            data={"attempt": r.attempt, "worker": owner},
+                        )
+                        for r in runs
+                    )
+        except IntegrityError:
+            # Another worker claimed a run on the same thread between our NOT EXISTS check and
+            # our UPDATE (one_running_run_per_thread). Try again: the next pick skips it.
+            continue
+        if not runs:
+            return []
+        runs.sort(key=lambda r: (r.created_at, r.id))
+        claimed = []
+        for run in runs:
+            _publish(run)
+            lease = Lease(
+                run.id, owner, run.attempt, run.thread_id, run.agent_id, run.parent_run_id
+            )
+            claimed.append(ClaimedRun(run=run, lease=lease))
+        metrics.CLAIMS.inc(len(claimed))
+        return claimed
+    return []
+
+
+def _claim_sqlite(
+    *, owner: str, limit: int, now: datetime, expires: datetime, deadline: datetime
+) -> list[Run]:
+    # SQLite serialises writers (IMMEDIATE transactions), so a read-then-conditional-update in
+    # one transaction cannot race; there is no SKIP LOCKED to need.
+    busy_threads = set(
+        Run.objects.filter(status=RunStatus.RUNNING, thread__isnull=False).values_list(
+            "thread_id", flat=True
+        )
+    )
+    seen: set[UUID] = set()
+    chosen: list[UUID] = []
+    candidates = (
+        Run.objects.filter(status=RunStatus.PENDING, parent_run__isnull=True)
+        .order_by("created_at", "id")
+        .values_list("id", "thread_id", "not_before")
+    )
+    for rid, tid, not_before in candidates.iterator():
+        if tid in busy_threads or tid in seen:
+            seen.add(tid)
+            continue
+        seen.add(tid)  # later runs on this thread wait for this one (FIFO per thread)
+        if not_before is not None and not_before > now:
+            continue
+        chosen.append(rid)
+        if len(chosen) >= limit:
+            break
+    if not chosen:
+        return []
+    fresh = set(
+        Run.objects.filter(id__in=chosen, started_at__isnull=True).values_list("id", flat=True)
+    )
+    Run.objects.filter(id__in=chosen, status=RunStatus.PENDING).update(
+        status=RunStatus.RUNNING,
+        lease_owner=owner,
+        attempt=F("attempt") + 1,
+        lease_expires_at=expires,
+        deadline_at=deadline,
+        updated_at=now,
+        last_seq=F("last_seq") + 1,
+    )
+    Run.objects.filter(id__in=chosen, started_at__isnull=True).update(started_at=now)
+    runs = list(Run.objects.filter(id__in=chosen, lease_owner=owner, status=RunStatus.RUNNING))
+    for run in runs:
+        run.fresh = run.id in fresh
+    return runs
+
+
+def run_heartbeat(*, owner: str, run_ids: Sequence[UUID]) -> dict[UUID, str | None]:
+    """Renew the leases of the runs this worker holds; also reads their cancel requests.
+
+    Returns {run_id: cancel_action or None} for the runs still held. A run missing from the
+    answer was lost (reaped, cancelled with rollback, deleted): its executor must stop.
+    """
+    if not run_ids:
+        return {}
+    now = _now()
+    rows = _update_returning(
+        Run.objects.filter(id__in=list(run_ids), lease_owner=owner, status=RunStatus.RUNNING),
+        ["id", "cancel_action"],
+        lease_expires_at=now + timedelta(seconds=settings.RUNS_LEASE_SECONDS),
+    )
+    return {rid: action for rid, action in rows}
+
+
+def run_set_deadline(*, lease: Lease, deadline: datetime) -> None:
+    Run.objects.filter(
+        id=lease.run_id, lease_owner=lease.owner, attempt=lease.attempt, status=RunStatus.RUNNING
+    ).update(deadline_at=deadline)
+
+
+def runs_reap(*, max_attempts: int | None = None) -> dict[str, int]:
+    """Return runs whose worker vanished to the queue (or fail them after too many attempts).
+
+    Safe on every worker at once: the statements only touch rows whose lease already expired,
+    and a run claimed again in between no longer matches.
+    """
+    max_attempts = max_attempts or settings.RUNS_MAX_ATTEMPTS
+    try:
+        return _reap(max_attempts)
+    except OperationalError as exc:
+        # A lock held by a frozen process: try again on the next round rather than hang.
+        logger.warning("reaper: skipped a round (%s)", exc)
+        return {"requeued": 0, "failed": 0, "cancelled": 0, "timed_out": 0}
+
+
+def _reap(max_attempts: int) -> dict[str, int]:
+    now = _now()
+    counts = {"requeued": 0, "failed": 0, "cancelled": 0, "timed_out": 0}
+    expired = Q(status=RunStatus.RUNNING, lease_expires_at__lt=now, parent_run__isnull=True)
+
+    # A pending cancel request wins over a retry: the user asked for the run to stop.
+    for run_id in Run.objects.filter(expired, cancel_requested_at__isnull=False).values_list(
+        "id", flat=True
+    ):
+        with transaction.atomic():
+            _lock_timeout()
+            run = _lock_run_if(run_id, expired)
+            if run is not None:
+                _apply_cancel(run, action=run.cancel_action or CancelAction.INTERRUPT, actor=None)
+                counts["cancelled"] += 1
+                metrics.REAPED.labels("cancelled").inc()
+
+    with transaction.atomic():
+        _lock_timeout()
+        rows = _update_returning(
+            Run.objects.filter(expired, cancel_requested_at__isnull=True, attempt__lt=max_attempts),
+            ["id", "thread_id", "last_seq", "attempt"],
+            status=RunStatus.PENDING,
+            lease_owner=None,
+            lease_expires_at=None,
+            deadline_at=None,
+            updated_at=now,
+            last_seq=F("last_seq") + 1,
+        )
+        if rows:
+            RunEvent.objects.bulk_create(
+                RunEvent(
+                    run_id=rid,
+                    seq=seq,
+                    kind="lease_expired",
+                    data={"attempt": attempt, "requeued": True},
+                )
+                for rid, _tid, seq, attempt in rows
+            )
+            _notify(QUEUE_CHANNEL)
+            for run in Run.objects.filter(id__in=[r[0] for r in rows]):
+                _publish(run)
+            counts["requeued"] = len(rows)
+            logger.info("reaper: requeued %d run(s) whose lease expired", len(rows))
+            metrics.REAPED.labels("requeued").inc(len(rows))
+
+    for run_id in Run.objects.filter(
+        expired, cancel_requested_at__isnull=True, attempt__gte=max_attempts
+    ).values_list("id", flat=True):
+        with transaction.atomic():
+            _lock_timeout()
+            run = _lock_run_if(run_id, expired)
+            if run is not None:
+                error = {
+                    "error": "LeaseExpired",
+                    "message": f"the worker running it stopped responding {run.attempt} time(s)",
+                }
+                _finish_locked(run, status=RunStatus.ERROR, error=error, kind="lease_expired")
+                counts["failed"] += 1
+                metrics.REAPED.labels("failed").inc()
+
+    for run_id in Run.objects.filter(
+        status=RunStatus.RUNNING, parent_run__isnull=True, deadline_at__lt=now
+    ).values_list("id", flat=True):
+        with transaction.atomic():
+            _lock_timeout()
+            run = _lock_run_if(run_id, Q(status=RunStatus.RUNNING, deadline_at__lt=now))
+            if run is not None:
+                error = {"error": "TimeoutError", "message": "run exceeded its time limit"}
+                _finish_locked(run, status=RunStatus.TIMEOUT, error=error, kind="finished")
+                counts["timed_out"] += 1
+                metrics.REAPED.labels("timed_out").inc()
+    return counts
+
+
+def run_release(*, lease: Lease) -> bool:
+    """Give a claimed run back to the queue (graceful shutdown). It does not count as an attempt."""
+    with transaction.atomic():
+        rows = _update_returning(
+            Run.objects.filter(
+                id=lease.run_id,
+                lease_owner=lease.owner,
+                attempt=lease.attempt,
+                status=RunStatus.RUNNING,
+            ),
+            ["last_seq"],
+            status=RunStatus.PENDING,
+            lease_owner=None,
+            lease_expires_at=None,
+            deadline_at=None,
+            attempt=F("attempt") - 1,
+            last_seq=F("last_seq") + 1,
+            updated_at=_now(),
+        )
+        if not rows:
+            return False
+        _insert_events(
+            lease.run_id, rows[0][0], [("released", {"attempt": lease.attempt}, "system")]
+        )
+        _notify(QUEUE_CHANNEL)
+        _publish(Run.objects.get(id=lease.run_id))
+    return True

@@ -1,0 +1,215 @@
+"""Creating runs: the multitask strategies, stateless runs, sub-agent runs."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from django.db import transaction
+
+from runs.contracts import Actor, Lease, actor_name
+from runs.engine.registry import get_agent
+from runs.exceptions import Conflict, NotFound, ValidationFailed
+from runs.models import (
+    TERMINAL_STATUSES,
+    MultitaskStrategy,
+    Run,
+    RunStatus,
+    Thread,
+    ToolCall,
+)
+from runs.services.cancel import _cancel_locked
+from runs.services.core import (
+    QUEUE_CHANNEL,
+    REJECT_MESSAGE,
+    _append_events,
+    _check_json_size,
+    _fence,
+    _lock_thread,
+    _notify,
+    _now,
+    _publish,
+    _refresh_thread,
+    _validate_choice,
+)
+from runs.services.decisions import thread_resume
+from runs.services.threads import _thread_in_scope, thread_create
+
+
+def run_create(
+    *,
+    agent_id: str,
+    actor: Actor,
+    thread_id: UUID | None = None,
+    input: Any = None,
+    command: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    multitask_strategy: str = MultitaskStrategy.ENQUEUE,
+    if_not_exists: str = "reject",
+    after_seconds: float | None = None,
+    pinned_resource_id: str | None = None,
+) -> Run:
+    """Create a run (or, with `command.resume`, resume the thread's suspended run).
+
+    Without a thread the run is stateless: it gets a temporary thread, deleted at the end when
+    `kwargs["on_completion"]` is "delete" (the default).
+    """
+    agent = get_agent(agent_id)
+    _validate_choice(multitask_strategy, MultitaskStrategy.values, "multitask_strategy")
+    _validate_choice(if_not_exists, ("reject", "create"), "if_not_exists")
+    if after_seconds is not None and (after_seconds < 0 or after_seconds > 86400 * 365):
+        raise ValidationFailed(
+            "after_seconds must be between 0 and one year",
+            errors=[{"field": "after_seconds", "message": "out of range"}],
+        )
+    if command:
+        if "resume" not in command:
+            raise ValidationFailed(
+                "command supports only 'resume' (update and goto are not available)",
+                errors=[{"field": "command", "message": "only 'resume' is supported"}],
+            )
+        if thread_id is None:
+            raise ValidationFailed(
+                "You must provide a thread_id when resuming.",
+                errors=[{"field": "thread_id", "message": "required with command.resume"}],
+            )
+        thread = _thread_in_scope(thread_id, pinned_resource_id)
+        return thread_resume(thread=thread, resume=command["resume"], actor=actor)
+
+    errors = agent.input_errors(input)
+    if errors:
+        raise ValidationFailed(
+            f"input does not match agent {agent_id}'s input schema",
+            errors=[
+                {**e, "field": f"input.{e['field']}" if e["field"] != "(root)" else "input"}
+                for e in errors
+            ],
+        )
+    _check_json_size(input, "input")
+    _check_json_size(metadata or {}, "metadata")
+    kwargs = dict(kwargs or {})
+
+    with transaction.atomic():
+        if thread_id is None:
+            thread = Thread.objects.create(
+                metadata={"stateless": True, "graph_id": agent_id},
+                resource_id=pinned_resource_id,
+            )
+            kwargs.setdefault("on_completion", "delete")
+        else:
+            thread = Thread.objects.filter(id=thread_id).first()
+            if thread is None or (
+                pinned_resource_id is not None and thread.resource_id != pinned_resource_id
+            ):
+                if if_not_exists != "create" or thread is not None:
+                    raise NotFound(f"Thread {thread_id} not found", code="thread_not_found")
+                thread = thread_create(
+                    thread_id=thread_id,
+                    metadata={"graph_id": agent_id},
+                    pinned_resource_id=pinned_resource_id,
+                )
+        _lock_thread(thread.id)
+        inflight = list(
+            Run.objects.select_for_update(no_key=True)
+            .filter(
+                thread_id=thread.id,
+                parent_run__isnull=True,
+                status__in=(RunStatus.PENDING, RunStatus.RUNNING),
+            )
+            .order_by("id")
+        )
+        if inflight and multitask_strategy == MultitaskStrategy.REJECT:
+            raise Conflict(REJECT_MESSAGE, code="thread_busy")
+        now = _now()
+        run = Run.objects.create(
+            thread=thread,
+            agent_id=agent_id,
+            resource_id=thread.resource_id,
+            status=RunStatus.PENDING,
+            input=input,
+            metadata=metadata or {},
+            kwargs=kwargs,
+            multitask_strategy=multitask_strategy,
+            not_before=now + timedelta(seconds=after_seconds) if after_seconds else None,
+        )
+        seq = _append_events(
+            run.id,
+            [
+                (
+                    "created",
+                    {"input": input, "multitask_strategy": multitask_strategy},
+                    actor_name(actor),
+                )
+            ],
+        )
+        run.last_seq = seq
+        if inflight and multitask_strategy in (
+            MultitaskStrategy.INTERRUPT,
+            MultitaskStrategy.ROLLBACK,
+        ):
+            for old in inflight:
+                _cancel_locked(
+                    old,
+                    action=multitask_strategy,
+                    actor=actor,
+                    reason=f"multitask_strategy={multitask_strategy} by run {run.id}",
+                )
+        _refresh_thread(thread.id)
+        _notify(QUEUE_CHANNEL)
+        _publish(run)
+    return run
+
+
+def run_create_child(*, lease: Lease, tool_call: ToolCall, agent_id: str, input: Any) -> Lease:
+    """Start (or take over) the sub-agent run of a delegation tool call, owned like its parent.
+
+    The child never enters the queue: the parent's worker executes it inline, so it inherits the
+    parent's lease owner. Re-executing after a crash takes the child over from the dead worker.
+    """
+    get_agent(agent_id)
+    with transaction.atomic():
+        _fence(lease)
+        parent = Run.objects.get(id=lease.run_id)
+        child_id = ToolCall.objects.filter(id=tool_call.id).values_list("child_run", flat=True)[0]
+        now = _now()
+        if child_id is None:
+            child = Run.objects.create(
+                thread=None,
+                agent_id=agent_id,
+                parent_run=parent,
+                resource_id=parent.resource_id,
+                status=RunStatus.RUNNING,
+                input=input,
+                metadata={"parent_tool_call_id": tool_call.tool_call_id},
+                attempt=1,
+                lease_owner=lease.owner,
+                lease_expires_at=parent.lease_expires_at,
+                started_at=now,
+            )
+            ToolCall.objects.filter(id=tool_call.id).update(child_run=child)
+            seq = _append_events(
+                child.id,
+                [("created", {"input": input, "parent_run_id": str(parent.id)}, "system")],
+            )
+            seq = _append_events(child.id, [("started", {"attempt": 1}, "system")])
+            child.last_seq = seq
+        else:
+            child = Run.objects.select_for_update(no_key=True).get(id=child_id)
+            if child.status in TERMINAL_STATUSES:
+                return Lease(
+                    child.id, child.lease_owner or "", child.attempt, None, agent_id, parent.id
+                )
+            child.status = RunStatus.RUNNING
+            child.attempt += 1
+            child.lease_owner = lease.owner
+            child.lease_expires_at = parent.lease_expires_at
+            child.save(
+                update_fields=["status", "attempt", "lease_owner", "lease_expires_at", "updated_at"]
+            )
+            child.last_seq = _append_events(
+                child.id, [("started", {"attempt": child.attempt}, "system")]
+            )
+        _publish(child)
+    return Lease(child.id, lease.owner, child.attempt, None, agent_id, lease.run_id)

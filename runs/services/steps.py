@@ -1,0 +1,176 @@
+"""Fenced writes from the step loop: checkpoints, tool-call progress, custom events, suspension."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import transaction
+
+from runs import metrics
+from runs.contracts import FenceResult, Lease, StepWrite, SuspendPlan, interrupt_of
+from runs.models import (
+    CancelAction,
+    Checkpoint,
+    Run,
+    RunStatus,
+    ToolCall,
+    ToolCallStatus,
+)
+from runs.services.cancel import _apply_cancel
+from runs.services.core import (
+    _UNSET,
+    _check_json_size,
+    _complete_lease,
+    _fence,
+    _insert_events,
+    _latest_thread_values,
+    _lock_thread,
+    _now,
+    _publish,
+    _publish_fenced,
+    _refresh_thread,
+    logger,
+)
+
+
+def _step_event(w: StepWrite) -> tuple[str, dict[str, Any], str]:
+    return ("step", {"step": w.step, "checkpoint_id": str(w.id), "values": w.values}, "system")
+
+
+def _write_steps(lease: Lease, steps: Sequence[StepWrite]) -> None:
+    Checkpoint.objects.bulk_create(
+        Checkpoint(
+            id=w.id,
+            thread_id=lease.thread_id if lease.parent_run_id is None else None,
+            run_id=lease.run_id,
+            parent_id=w.parent_id,
+            step=w.step,
+            values=w.values,
+            pending=w.pending,
+        )
+        for w in steps
+    )
+
+
+def run_save_steps(
+    *,
+    lease: Lease,
+    steps: Sequence[StepWrite],
+    new_tool_calls: Sequence[dict[str, Any]] = (),
+    events: Sequence[tuple[str, dict[str, Any], str]] = (),
+) -> FenceResult:
+    """Write steps (checkpoints), the tool calls the model proposed, and timeline events."""
+    lease = _complete_lease(lease)
+    with transaction.atomic():
+        all_events = [*events, *(_step_event(w) for w in steps)]
+        fence = _fence(lease, events=len(all_events))
+        _write_steps(lease, steps)
+        if new_tool_calls:
+            step = steps[-1].step if steps else 0
+            ToolCall.objects.bulk_create(
+                ToolCall(run_id=lease.run_id, step=step, **tc) for tc in new_tool_calls
+            )
+        _insert_events(lease.run_id, fence.last_seq, all_events)
+        _publish_fenced(lease, fence.last_seq)
+    return fence
+
+
+def tool_call_update(
+    *,
+    lease: Lease,
+    tool_call: ToolCall,
+    status: str,
+    result: Any = _UNSET,
+    event: tuple[str, dict[str, Any], str] | None = None,
+) -> FenceResult:
+    """Record a tool call's progress (running / succeeded / failed) under the run's fence."""
+    lease = _complete_lease(lease)
+    with transaction.atomic():
+        fence = _fence(lease, events=1 if event else 0)
+        now = _now()
+        update: dict[str, Any] = {"status": status}
+        if status == ToolCallStatus.RUNNING:
+            update["started_at"] = now
+        if status in (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED):
+            update["finished_at"] = now
+        if result is not _UNSET:
+            update["result"] = result
+        ToolCall.objects.filter(id=tool_call.id).update(**update)
+        for key, value in update.items():
+            setattr(tool_call, key, value)
+        if event:
+            _insert_events(lease.run_id, fence.last_seq, [event])
+            _publish_fenced(lease, fence.last_seq)
+    return fence
+
+
+def run_emit(*, lease: Lease, kind: str, data: dict[str, Any]) -> None:
+    """A custom event from inside a tool (`ctx.emit`), streamed as LangGraph `custom`."""
+    _check_json_size(data, "data", limit=256_000)
+    lease = _complete_lease(lease)
+    with transaction.atomic():
+        fence = _fence(lease, events=1)
+        _insert_events(lease.run_id, fence.last_seq, [(kind, data, "system")])
+        _publish_fenced(lease, fence.last_seq)
+
+
+def run_suspend(*, plans: Sequence[SuspendPlan], values: dict[str, Any] | None = None) -> str:
+    """Park one run (or a supervisor with its sub-agents, innermost first) for a human.
+
+    All plans commit together: a reviewer deciding the sub-agent's call can never find the
+    supervisor still running (and so miss the supervisor's delegation call). A cancel
+    requested while the run was still running wins: the run is cancelled instead of parked.
+    Returns the outer run's new status ("suspended", "interrupted" or "deleted").
+    """
+    with transaction.atomic():
+        outer = plans[-1].lease
+        thread_id = Run.objects.filter(id=outer.run_id).values_list("thread_id", flat=True).first()
+        _lock_thread(thread_id)
+        outer_fence = _fence(outer, events=1)
+        if outer_fence.cancel_action:
+            run = Run.objects.select_for_update(no_key=True).get(id=outer.run_id)
+            _apply_cancel(run, action=outer_fence.cancel_action, actor=None)
+            return "deleted" if outer_fence.cancel_action == CancelAction.ROLLBACK else run.status
+        now = _now()
+        for plan in plans:
+            fence = outer_fence if plan is plans[-1] else _fence(plan.lease, events=1)
+            interrupts = []
+            for w in plan.waiting:
+                ToolCall.objects.filter(
+                    run_id=plan.lease.run_id, tool_call_id=w["tool_call_id"]
+                ).update(
+                    status=w["status"],
+                    requires_approval=w.get("requires_approval", False),
+                    suspend_payload=w.get("suspend_payload"),
+                    resume_schema=w.get("resume_schema"),
+                    suspended_at=now,
+                )
+                interrupts.append(interrupt_of(w))
+            Run.objects.filter(id=plan.lease.run_id).update(
+                status=RunStatus.SUSPENDED,
+                suspended_at=now,
+                lease_owner=None,
+                lease_expires_at=None,
+                deadline_at=None,
+                updated_at=now,
+            )
+            _insert_events(
+                plan.lease.run_id,
+                fence.last_seq,
+                [("suspended", {"interrupts": interrupts}, "system")],
+            )
+            run = Run.objects.get(id=plan.lease.run_id)
+            logger.info(
+                "suspend run=%s agent=%s attempt=%s waiting=%s",
+                run.id,
+                run.agent_id,
+                run.attempt,
+                [w["tool_call_id"] for w in plan.waiting],
+            )
+            _publish(run)
+        if thread_id is not None:
+            latest = values if values is not None else _latest_thread_values(thread_id)
+            _refresh_thread(thread_id, values=latest)
+    metrics.SUSPENSIONS.inc(len(plans))
+    return RunStatus.SUSPENDED

@@ -1,0 +1,142 @@
+"""Threads: create, update metadata, delete, write state by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.db import IntegrityError, transaction
+
+from runs.contracts import Actor
+from runs.exceptions import Conflict, NotFound, ValidationFailed
+from runs.models import (
+    ACTIVE_STATUSES,
+    Checkpoint,
+    Run,
+    RunStatus,
+    Thread,
+)
+from runs.services.core import (
+    _audit,
+    _check_json_size,
+    _check_scope,
+    _lock_thread,
+    _notify_cancel_many,
+    _now,
+)
+
+
+def thread_create(
+    *,
+    metadata: dict[str, Any] | None = None,
+    thread_id: UUID | None = None,
+    if_exists: str = "raise",
+    pinned_resource_id: str | None = None,
+) -> Thread:
+    metadata = dict(metadata or {})
+    if if_exists not in ("raise", "do_nothing"):
+        raise ValidationFailed(
+            f"if_exists must be 'raise' or 'do_nothing', not {if_exists!r}",
+            errors=[{"field": "if_exists", "message": "must be 'raise' or 'do_nothing'"}],
+        )
+    _check_json_size(metadata, "metadata")
+    resource = metadata.get("resource_id")
+    # A pinned API key always wins over what the client sends.
+    resource_id = pinned_resource_id if pinned_resource_id is not None else resource
+    if resource_id is not None and not isinstance(resource_id, str):
+        resource_id = str(resource_id)
+    if pinned_resource_id is not None:
+        metadata["resource_id"] = pinned_resource_id
+    with transaction.atomic():
+        if thread_id is not None:
+            existing = Thread.objects.filter(id=thread_id).first()
+            if existing is not None:
+                in_scope = pinned_resource_id is None or existing.resource_id == pinned_resource_id
+                if if_exists == "do_nothing" and in_scope:
+                    return existing
+                raise Conflict(f"Thread with ID {thread_id} already exists", code="thread_exists")
+        try:
+            with transaction.atomic():
+                thread = Thread.objects.create(
+                    id=thread_id or Thread._meta.pk.default(),
+                    metadata=metadata,
+                    resource_id=resource_id,
+                )
+        except IntegrityError:
+            raise Conflict(
+                f"Thread with ID {thread_id} already exists", code="thread_exists"
+            ) from None
+    return thread
+
+
+def thread_update(*, thread: Thread, metadata: dict[str, Any]) -> Thread:
+    """Merge `metadata` into the thread's metadata (keys set to None are kept as None)."""
+    if not isinstance(metadata, dict):
+        raise ValidationFailed(
+            "metadata must be an object", errors=[{"field": "metadata", "message": "not an object"}]
+        )
+    with transaction.atomic():
+        _lock_thread(thread.id)
+        thread.refresh_from_db()
+        merged = {**thread.metadata, **metadata}
+        _check_json_size(merged, "metadata")
+        if thread.resource_id is not None:
+            merged["resource_id"] = thread.metadata.get("resource_id", thread.resource_id)
+        thread.metadata = merged
+        thread.save(update_fields=["metadata", "updated_at"])
+    return thread
+
+
+def thread_delete(*, thread: Thread, actor: Actor) -> None:
+    with transaction.atomic():
+        _lock_thread(thread.id)
+        active = list(
+            Run.objects.filter(thread_id=thread.id, status__in=ACTIVE_STATUSES).values_list(
+                "id", flat=True
+            )
+        )
+        if active:
+            # Running work would be orphaned; their workers' fenced writes fail and they stop.
+            _notify_cancel_many(active)
+        _audit(
+            actor=actor,
+            action="thread_delete",
+            thread_id=thread.id,
+            reason=f"deleted thread with {len(active)} active run(s)",
+            before={"active_runs": [str(r) for r in active]},
+        )
+        Thread.objects.filter(id=thread.id).delete()
+
+
+def thread_update_state(*, thread: Thread, values: Any, actor: Actor) -> Checkpoint:
+    """Write a checkpoint by hand (LangGraph `POST /threads/{id}/state`)."""
+    if values is not None and not isinstance(values, dict):
+        raise ValidationFailed(
+            "values must be an object or null",
+            errors=[{"field": "values", "message": "must be an object or null"}],
+        )
+    _check_json_size(values, "values")
+    with transaction.atomic():
+        _lock_thread(thread.id)
+        if Run.objects.filter(
+            thread_id=thread.id, status__in=(RunStatus.PENDING, RunStatus.RUNNING)
+        ).exists():
+            raise Conflict(f"Thread {thread.id} has in-flight runs", code="thread_busy")
+        parent = (
+            Checkpoint.objects.filter(thread_id=thread.id).order_by("-created_at", "-id").first()
+        )
+        merged = {**(parent.values if parent else {}), **(values or {})}
+        checkpoint = Checkpoint.objects.create(
+            thread_id=thread.id, run=None, parent=parent, step=0, values=merged, pending=[]
+        )
+        Thread.objects.filter(id=thread.id).update(values=merged, updated_at=_now())
+        _audit(actor=actor, action="state_update", thread_id=thread.id, after=values)
+    return checkpoint
+
+
+def _thread_in_scope(thread_id: UUID, pinned_resource_id: str | None) -> Thread:
+    thread = Thread.objects.filter(id=thread_id).first()
+    if thread is None:
+        raise NotFound(f"Thread {thread_id} not found", code="thread_not_found")
+    _check_scope(thread, pinned_resource_id, "Thread")
+    return thread
