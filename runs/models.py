@@ -75,11 +75,20 @@ class Thread(models.Model):
         max_length=16, choices=ThreadStatus.choices, default=ThreadStatus.IDLE
     )
     values = models.JSONField(null=True, blank=True)
+    # A stateless run's temporary thread (on_completion="delete"): once its run has ended,
+    # `expires_at` is set and the reaper deletes the thread after it.
+    delete_when_done = models.BooleanField(default=False)
+    expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         indexes: ClassVar = [
+            models.Index(
+                fields=["expires_at"],
+                condition=Q(expires_at__isnull=False),
+                name="thread_expiry_idx",
+            ),
             models.Index(fields=["-created_at"], name="thread_created_idx"),
             models.Index(fields=["resource_id", "-created_at"], name="thread_resource_idx"),
             models.Index(fields=["status"], name="thread_status_idx"),
@@ -161,6 +170,12 @@ class Run(models.Model):
             models.Index(fields=["agent_id", "-created_at"], name="run_agent_created_idx"),
             models.Index(fields=["resource_id", "-created_at"], name="run_resource_created_idx"),
             models.Index(fields=["-created_at", "-id"], name="run_created_idx"),
+            # Claim: a run waiting for a human holds its thread (checked per queue head).
+            models.Index(
+                fields=["thread"],
+                condition=Q(status="suspended", parent_run__isnull=True),
+                name="run_thread_suspended_idx",
+            ),
             # Reaper: running runs by lease expiry.
             models.Index(
                 fields=["lease_expires_at"],
@@ -265,6 +280,20 @@ class ToolCall(models.Model):
     @property
     def is_waiting(self) -> bool:
         return self.status in PENDING_DECISION_STATUSES
+
+    @property
+    def decision(self) -> str:
+        """What a human decided: approved, declined or answered ("" if nobody did).
+
+        The status moves on after an approval (running, succeeded...), so it is derived.
+        """
+        if not self.decided_by:
+            return ""
+        if self.status == ToolCallStatus.DECLINED:
+            return "declined"
+        if self.resume_data is not None or self.status == ToolCallStatus.ANSWERED:
+            return "answered"
+        return "approved"
 
 
 class RunEvent(models.Model):

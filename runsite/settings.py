@@ -231,6 +231,9 @@ RUNS_AGENTS = env_list("RUNS_AGENTS", ["runs.agents.BUILTIN_AGENTS"])
 RUNS_LEASE_SECONDS = env_float("RUNS_LEASE_SECONDS", 30.0, minimum=1.0)
 RUNS_HEARTBEAT_SECONDS = env_float("RUNS_HEARTBEAT_SECONDS", 10.0, minimum=0.05)
 RUNS_REAPER_SECONDS = env_float("RUNS_REAPER_SECONDS", 5.0, minimum=0.1)
+# How long a stateless run's temporary thread outlives its run (a stream or join reading the
+# end still finds it); then the reaper deletes it.
+RUNS_STATELESS_KEEP_SECONDS = env_float("RUNS_STATELESS_KEEP_SECONDS", 5.0)
 RUNS_POLL_SECONDS = env_float("RUNS_POLL_SECONDS", 1.0, minimum=0.01)
 RUNS_MAX_ATTEMPTS = env_int("RUNS_MAX_ATTEMPTS", 3, minimum=1)
 RUNS_DEFAULT_TIME_LIMIT = env_float("RUNS_DEFAULT_TIME_LIMIT", 600.0, minimum=0.1)

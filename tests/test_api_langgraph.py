@@ -167,7 +167,7 @@ def test_it_reads_state_and_history_and_writes_state(api: Client, drain) -> None
     bad = post(api, f"/threads/{tid}/history", {"before": "not-a-uuid"})
     assert bad.status_code == 422
 
-    r = post(api, f"/threads/{tid}/state", {"values": {"note": 1}, "as_node": "agent"})
+    r = post(api, f"/threads/{tid}/state", {"values": {"note": 1}, "as_node": None})
     assert r.status_code == 200
     assert r.json()["checkpoint"]["checkpoint_id"] == r.json()["checkpoint_id"]
     state = api.get(f"/api/threads/{tid}/state").json()

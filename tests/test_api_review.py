@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -146,6 +146,92 @@ def test_it_answers_422_for_bad_filters(http: httpx.Client, params: dict[str, An
     assert r.json()["detail"]
 
 
+def test_it_takes_mastras_camelcase_filter_names(http: httpx.Client, drain) -> None:
+    runs = [suspended(drain, resource="acme") for _ in range(3)]
+    other = suspended(drain, resource="globex")
+    by_resource = http.get("/agents/refund/suspended-runs", params={"resourceId": "acme"})
+    assert by_resource.status_code == 200
+    assert by_resource.json()["total"] == 3
+    by_thread = http.get(
+        "/agents/refund/suspended-runs", params={"threadId": str(other.thread_id)}
+    ).json()
+    assert [r["run_id"] for r in by_thread["runs"]] == [str(other.id)]
+    page = http.get("/agents/refund/suspended-runs", params={"perPage": 2, "page": 1}).json()
+    assert page["total"] == 4
+    assert [r["run_id"] for r in page["runs"]] == [str(r.id) for r in runs[1::-1]]
+    future = (timezone.now() + timedelta(hours=1)).isoformat()
+    assert http.get("/agents/refund/suspended-runs", params={"fromDate": future}).json() == {
+        "runs": [],
+        "total": 0,
+    }
+    past = (timezone.now() - timedelta(hours=1)).isoformat()
+    assert http.get("/agents/refund/suspended-runs", params={"toDate": past}).json()["total"] == 0
+    agent_runs = http.get(
+        "/agents/refund/runs", params={"status": "suspended", "resourceId": "globex"}
+    ).json()
+    assert [r["run_id"] for r in agent_runs["runs"]] == [str(other.id)]
+    same = http.get(
+        "/agents/refund/suspended-runs", params={"resource_id": "acme", "resourceId": "acme"}
+    )
+    assert same.json()["total"] == 3
+    clash = http.get(
+        "/agents/refund/suspended-runs", params={"resource_id": "acme", "resourceId": "globex"}
+    )
+    assert clash.status_code == 422
+    assert clash.json()["errors"][0]["field"] == "resourceId"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/agents/refund/suspended-runs",
+        "/agents/refund/runs",
+        "/runs/01a22b8e-ef11-71c5-a71f-86cd380e179b",
+        "/runs/01a22b8e-ef11-71c5-a71f-86cd380e179b/events",
+    ],
+)
+def test_it_refuses_an_unknown_query_parameter_naming_the_known_ones(
+    http: httpx.Client, path: str
+) -> None:
+    r = http.get(path, params={"foo": "1"})
+    assert r.status_code == 422
+    body = r.json()
+    assert body["code"] == "validation_error"
+    assert body["errors"][0]["field"] == "foo"
+    assert body["detail"].startswith("unknown query parameter 'foo'; known: ")
+    if "agents" in path:
+        for name in ("thread_id", "threadId", "per_page", "perPage", "page", "from_date"):
+            assert name in body["detail"]
+    if path.endswith("/events"):
+        assert body["detail"].endswith("known: after, limit")
+
+
+def test_a_date_only_to_date_covers_the_whole_utc_day(http: httpx.Client, drain) -> None:
+    late, next_day, day_before = (suspended(drain) for _ in range(3))
+    for run, at in (
+        (late, "2026-11-30T23:59:59.500000+00:00"),
+        (next_day, "2026-12-01T00:00:00+00:00"),
+        (day_before, "2026-11-29T23:59:59+00:00"),
+    ):
+        Run.objects.filter(id=run.id).update(created_at=datetime.fromisoformat(at))
+
+    def listed(**params: str) -> set[str]:
+        r = http.get("/agents/refund/suspended-runs", params=params)
+        assert r.status_code == 200, r.text
+        return {row["run_id"] for row in r.json()["runs"]}
+
+    assert listed(to_date="2026-11-30") == {str(late.id), str(day_before.id)}
+    assert listed(toDate="2026-11-30") == {str(late.id), str(day_before.id)}
+    assert listed(from_date="2026-11-30") == {str(late.id), str(next_day.id)}
+    assert listed(from_date="2026-11-30", to_date="2026-11-30") == {str(late.id)}
+    # A naive date-time is UTC; an offset is honoured.
+    assert listed(to_date="2026-11-30T23:59:59") == {str(day_before.id)}
+    assert listed(from_date="2026-12-01T00:30:00+01:00") == {str(late.id), str(next_day.id)}
+    bad = http.get("/agents/refund/suspended-runs", params={"toDate": "30/11/2026"})
+    assert bad.status_code == 422
+    assert bad.json()["errors"][0]["field"] == "toDate"
+
+
 def test_it_scopes_listings_to_the_agent(http: httpx.Client, drain) -> None:
     refund = suspended(drain)
     weather = suspended(drain, "weather", input={})
@@ -252,6 +338,61 @@ def test_it_resumes_a_tool_that_asked_for_input(http: httpx.Client, drain) -> No
     drain()
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCESS and "Oslo" in json.dumps(run.output)
+
+
+def test_it_resumes_an_approval_with_mastras_approved_form(http: httpx.Client, drain) -> None:
+    approve = suspended(drain)
+    r = http.post(
+        "/agents/refund/resume",
+        json={
+            "run_id": str(approve.id),
+            "resume_data": {"approved": True, "args": {"order_id": "A-1", "amount": 20}},
+        },
+    )
+    assert r.status_code == 202
+    (call,) = [c for c in r.json()["tool_calls"] if c["tool_name"] == "issue_refund"]
+    assert call["status"] == "approved" and call["args"]["amount"] == 20
+    decline = suspended(drain)
+    tc = waiting_call(decline)
+    r = http.post(
+        "/agents/refund/resume",
+        json={
+            "run_id": str(decline.id),
+            "tool_call_id": tc.tool_call_id,
+            "resume_data": {"approved": False, "reason": "fraud"},
+        },
+    )
+    assert r.status_code == 202
+    tc.refresh_from_db()
+    assert tc.status == ToolCallStatus.DECLINED and tc.decision_reason == "fraud"
+    top_level = suspended(drain)
+    r = http.post(
+        "/agents/refund/resume",
+        json={"run_id": str(top_level.id), "approved": False, "reason": "dup"},
+    )
+    assert r.status_code == 202
+    assert top_level.tool_calls.get(tool_name="issue_refund").decision_reason == "dup"
+    drain()
+    for run, output in (
+        (approve, {"refunded": True, "order_id": "A-1", "amount": 20}),
+        (decline, {"refunded": False, "reason": "fraud"}),
+    ):
+        run.refresh_from_db()
+        assert run.status == RunStatus.SUCCESS and run.output == output
+
+
+def test_it_refuses_a_resume_of_an_approval_without_approved(http: httpx.Client, drain) -> None:
+    run = suspended(drain)
+    for body in ({"resume_data": {"city": "Oslo"}}, {"resume_data": {"approved": "yes"}}):
+        r = http.post("/agents/refund/resume", json={"run_id": str(run.id), **body})
+        assert r.status_code == 422
+        assert r.json()["errors"][0]["field"] == "resume_data.approved"
+    both = http.post(
+        "/agents/refund/resume",
+        json={"run_id": str(run.id), "approved": True, "resume_data": {"approved": True}},
+    )
+    assert both.status_code == 422
+    assert waiting_call(run).status == ToolCallStatus.AWAITING_APPROVAL
 
 
 def test_it_needs_a_tool_call_id_when_several_calls_wait(http: httpx.Client, drain, twin) -> None:
@@ -416,6 +557,28 @@ def test_it_streams_the_continued_run_after_a_decision(http: httpx.Client, worke
         )
     )
     assert events[-1][1]["status"] == "success"
+    approved = parked("refund", REFUND)
+    events = sse(
+        http.post(
+            "/agents/refund/resume-stream",
+            json={"run_id": str(approved.id), "resume_data": {"approved": True}},
+        )
+    )
+    assert events[-1] == ("end", {"run_id": str(approved.id), "status": "success"})
+    assert [d for e, d in events if e == "values"][-1]["output"]["refunded"] is True
+
+    declined = parked("refund", REFUND)
+    events = sse(
+        http.post(
+            "/agents/refund/resume-stream",
+            json={"run_id": str(declined.id), "resume_data": {"approved": False, "reason": "no"}},
+        )
+    )
+    assert [d for e, d in events if e == "values"][-1]["output"] == {
+        "refunded": False,
+        "reason": "no",
+    }
+
     conflict = http.post("/agents/weather/resume-stream", json={"run_id": str(answer.id)})
     assert conflict.status_code == 409  # errors come back as JSON, never inside a stream
     assert conflict.headers["content-type"].startswith("application/json")

@@ -16,11 +16,16 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def suspended(drain):
-    """Five suspended refund runs on two threads/resources, plus noise that must not show."""
+    """Five suspended refund runs on two resources, plus noise that must not show.
+
+    One thread each: a run waiting for a human holds its thread, so a second run would queue.
+    """
     acme = services.thread_create(metadata={"resource_id": "acme"})
+    acme2 = services.thread_create(metadata={"resource_id": "acme"})
     globex = services.thread_create(metadata={"resource_id": "globex"})
+    globex2 = services.thread_create(metadata={"resource_id": "globex"})
     runs = []
-    for i, thread in enumerate([acme, acme, globex, globex, None]):
+    for i, thread in enumerate([acme, acme2, globex, globex2, None]):
         runs.append(
             services.run_create(
                 agent_id="refund",
@@ -69,7 +74,7 @@ def test_it_filters_by_thread_resource_and_dates(suspended) -> None:
     runs, base = suspended["runs"], suspended["base"]
     assert ids(
         selectors.suspended_runs_for_agent(agent_id="refund", thread_id=suspended["acme"].id)
-    ) == [runs[1].id, runs[0].id]
+    ) == [runs[0].id]
     assert ids(selectors.suspended_runs_for_agent(agent_id="refund", resource_id="globex")) == [
         runs[3].id,
         runs[2].id,

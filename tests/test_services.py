@@ -414,7 +414,12 @@ def test_bulk_cancel_by_status_across_threads(drain, support) -> None:
     result = services.runs_cancel_many(action="interrupt", actor=support, status="pending")
     assert sorted(result.interrupted) == sorted(r.id for r in pending)
     assert Run.objects.get(id=suspended.id).status == RunStatus.SUSPENDED
+    # "all" is pending + running: the run waiting for a human is left alone ...
     result = services.runs_cancel_many(action="rollback", actor=support, status="all")
+    assert result.count == 0
+    assert Run.objects.get(id=suspended.id).status == RunStatus.SUSPENDED
+    # ... until it is asked for by name.
+    result = services.runs_cancel_many(action="rollback", actor=support, status="suspended")
     assert result.deleted == [suspended.id]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
+from django.http import HttpRequest
 from ninja import NinjaAPI
 
 logger = logging.getLogger("runs.api")
@@ -34,7 +35,7 @@ def build_api() -> NinjaAPI:
         )
 
     @api.get("/ok", tags=["meta"], summary="Liveness of the API", auth=None)
-    def ok(request):
+    def ok(request: HttpRequest) -> dict[str, bool]:
         return {"ok": True}
 
     # Order matters: the LangGraph routers register literal paths (/runs/stream, /runs/cancel)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from ninja import Query, Router
 
 from runs import selectors, services
@@ -21,6 +21,7 @@ from runs.api.schemas import (
     AssistantOut,
     AssistantSchemasOut,
     AssistantSearchIn,
+    ClampedLimit,
     GraphOut,
     HistoryIn,
     RunCreateIn,
@@ -37,9 +38,10 @@ from runs.api.schemas import (
     ThreadStateUpdateOut,
     errors,
 )
+from runs.engine.agent import Agent
 from runs.engine.registry import all_agents
 from runs.exceptions import NotFound, ValidationFailed
-from runs.models import Run
+from runs.models import Run, Thread
 
 assistants = Router(tags=["assistants"])
 threads = Router(tags=["threads"])
@@ -67,7 +69,7 @@ JSON_BODY_200 = {
 # --- assistants ------------------------------------------------------------------------------
 
 
-def _agent_or_404(assistant_id: str) -> Any:
+def _agent_or_404(assistant_id: str) -> Agent:
     agent = p.find_agent(assistant_id)
     if agent is None:
         raise NotFound(f"Assistant {assistant_id} not found", code="assistant_not_found")
@@ -75,7 +77,9 @@ def _agent_or_404(assistant_id: str) -> Any:
 
 
 @assistants.post("/assistants/search", response={200: list[AssistantOut], **errors()})
-def search_assistants(request: HttpRequest, payload: AssistantSearchIn, response: HttpResponse):
+def search_assistants(
+    request: HttpRequest, payload: AssistantSearchIn, response: HttpResponse
+) -> list[dict[str, Any]]:
     rows = [p.assistant_out(a) for a in all_agents().values()]
     if payload.graph_id:
         rows = [r for r in rows if r["graph_id"] == payload.graph_id]
@@ -97,14 +101,14 @@ def search_assistants(request: HttpRequest, payload: AssistantSearchIn, response
 
 
 @assistants.get("/assistants/{assistant_id}", response={200: AssistantOut, **errors(404)})
-def get_assistant(request: HttpRequest, assistant_id: str):
+def get_assistant(request: HttpRequest, assistant_id: str) -> dict[str, Any]:
     return p.assistant_out(_agent_or_404(assistant_id))
 
 
 @assistants.get(
     "/assistants/{assistant_id}/schemas", response={200: AssistantSchemasOut, **errors(404)}
 )
-def get_assistant_schemas(request: HttpRequest, assistant_id: str):
+def get_assistant_schemas(request: HttpRequest, assistant_id: str) -> dict[str, Any]:
     agent = _agent_or_404(assistant_id)
     return {
         "graph_id": agent.id,
@@ -120,7 +124,9 @@ def get_assistant_schemas(request: HttpRequest, assistant_id: str):
 
 
 @assistants.get("/assistants/{assistant_id}/graph", response={200: GraphOut, **errors(404)})
-def get_assistant_graph(request: HttpRequest, assistant_id: str, xray: bool = False):
+def get_assistant_graph(
+    request: HttpRequest, assistant_id: str, xray: bool = False
+) -> dict[str, list[dict[str, Any]]]:
     _agent_or_404(assistant_id)
     nodes = [{"id": n, "type": "runnable", "data": n} for n in ("__start__", "agent", "tools")]
     nodes.append({"id": "__end__", "type": "runnable", "data": "__end__"})
@@ -137,7 +143,8 @@ def get_assistant_graph(request: HttpRequest, assistant_id: str, xray: bool = Fa
 
 
 @threads.post("/threads", response={200: ThreadOut, **errors(409)})
-def create_thread(request: HttpRequest, payload: ThreadCreateIn):
+def create_thread(request: HttpRequest, payload: ThreadCreateIn) -> Thread:
+    payload.refuse_unsupported()
     caller = caller_of(request)
     thread = services.thread_create(
         metadata=payload.metadata,
@@ -145,11 +152,14 @@ def create_thread(request: HttpRequest, payload: ThreadCreateIn):
         if_exists=payload.if_exists or "raise",
         pinned_resource_id=caller.pinned_resource_id,
     )
-    return p.thread_with_interrupts(thread)
+    return p.with_interrupts(thread)
 
 
 @threads.post("/threads/search", response={200: list[ThreadOut], **errors()})
-def search_threads(request: HttpRequest, payload: ThreadSearchIn, response: HttpResponse):
+def search_threads(
+    request: HttpRequest, payload: ThreadSearchIn, response: HttpResponse
+) -> list[Thread]:
+    payload.refuse_unsupported()
     caller = caller_of(request)
     page = selectors.threads_search(
         metadata=payload.metadata,
@@ -167,11 +177,11 @@ def search_threads(request: HttpRequest, payload: ThreadSearchIn, response: Http
     response["X-Pagination-Total"] = str(page.total)
     if payload.offset + len(page.items) < page.total:
         response["X-Pagination-Next"] = str(payload.offset + len(page.items))
-    return [p.thread_out(t, interrupts.get(t.id)) for t in page.items]
+    return [p.with_interrupts(t, interrupts.get(t.id, {})) for t in page.items]
 
 
 @threads.post("/threads/count", response={200: int, **errors()})
-def count_threads(request: HttpRequest, payload: ThreadCountIn):
+def count_threads(request: HttpRequest, payload: ThreadCountIn) -> int:
     caller = caller_of(request)
     page = selectors.threads_search(
         metadata=payload.metadata,
@@ -184,31 +194,34 @@ def count_threads(request: HttpRequest, payload: ThreadCountIn):
 
 
 @threads.get("/threads/{thread_id}", response={200: ThreadOut, **errors(404)})
-def get_thread(request: HttpRequest, thread_id: UUID, include: str | None = None):
+def get_thread(request: HttpRequest, thread_id: UUID, include: str | None = None) -> Thread:
     caller = caller_of(request)
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
-    return p.thread_with_interrupts(thread)
+    return p.with_interrupts(thread)
 
 
 @threads.patch("/threads/{thread_id}", response={200: ThreadOut, 204: None, **errors(404)})
-def patch_thread(request: HttpRequest, thread_id: UUID, payload: ThreadPatchIn):
+def patch_thread(
+    request: HttpRequest, thread_id: UUID, payload: ThreadPatchIn
+) -> Thread | tuple[int, None]:
+    payload.refuse_unsupported()
     caller = caller_of(request)
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
     thread = services.thread_update(thread=thread, metadata=payload.metadata)
     if "return=minimal" in request.headers.get("Prefer", ""):
         return 204, None
-    return p.thread_with_interrupts(thread)
+    return p.with_interrupts(thread)
 
 
 @threads.delete("/threads/{thread_id}", response={204: None, **errors(404)})
-def delete_thread(request: HttpRequest, thread_id: UUID):
+def delete_thread(request: HttpRequest, thread_id: UUID) -> tuple[int, None]:
     caller = caller_of(request)
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
     services.thread_delete(thread=thread, actor=caller.actor)
     return 204, None
 
 
-def _state_of(thread: Any) -> dict[str, Any]:
+def _state_of(thread: Thread) -> dict[str, Any]:
     checkpoint = selectors.latest_checkpoint(thread_id=thread.id)
     interrupts = {}
     if thread.status == "interrupted":
@@ -217,7 +230,9 @@ def _state_of(thread: Any) -> dict[str, Any]:
 
 
 @threads.get("/threads/{thread_id}/state", response={200: ThreadStateOut, **errors(404)})
-def get_thread_state(request: HttpRequest, thread_id: UUID, subgraphs: bool = False):
+def get_thread_state(
+    request: HttpRequest, thread_id: UUID, subgraphs: bool = False
+) -> dict[str, Any]:
     caller = caller_of(request)
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
     return _state_of(thread)
@@ -226,7 +241,10 @@ def get_thread_state(request: HttpRequest, thread_id: UUID, subgraphs: bool = Fa
 @threads.post(
     "/threads/{thread_id}/state", response={200: ThreadStateUpdateOut, **errors(404, 409)}
 )
-def update_thread_state(request: HttpRequest, thread_id: UUID, payload: ThreadStateUpdateIn):
+def update_thread_state(
+    request: HttpRequest, thread_id: UUID, payload: ThreadStateUpdateIn
+) -> dict[str, Any]:
+    payload.refuse_unsupported()
     caller = caller_of(request)
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
     checkpoint = services.thread_update_state(
@@ -241,7 +259,7 @@ def update_thread_state(request: HttpRequest, thread_id: UUID, payload: ThreadSt
 )
 def get_thread_state_at_checkpoint(
     request: HttpRequest, thread_id: UUID, payload: StateAtCheckpointIn
-):
+) -> dict[str, Any]:
     caller = caller_of(request)
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
     checkpoint_id = p.checkpoint_id_from(payload.checkpoint)
@@ -256,7 +274,7 @@ def get_thread_state_at_checkpoint(
 )
 def get_thread_state_at(
     request: HttpRequest, thread_id: UUID, checkpoint_id: UUID, subgraphs: bool = False
-):
+) -> dict[str, Any]:
     caller = caller_of(request)
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
     return p.state_out(thread, selectors.thread_checkpoint(thread, checkpoint_id))
@@ -277,29 +295,28 @@ def _history(caller: Caller, thread_id: UUID, limit: int, before: Any) -> list[d
 
 @threads.get("/threads/{thread_id}/history", response={200: list[ThreadStateOut], **errors(404)})
 def get_thread_history(
-    request: HttpRequest, thread_id: UUID, limit: int = 10, before: str | None = None
-):
-    return _history(caller_of(request), thread_id, max(1, min(limit, 1000)), before)
+    request: HttpRequest, thread_id: UUID, limit: ClampedLimit = 10, before: str | None = None
+) -> list[dict[str, Any]]:
+    return _history(caller_of(request), thread_id, limit, before)
 
 
 @threads.post("/threads/{thread_id}/history", response={200: list[ThreadStateOut], **errors(404)})
-def post_thread_history(request: HttpRequest, thread_id: UUID, payload: HistoryIn):
+def post_thread_history(
+    request: HttpRequest, thread_id: UUID, payload: HistoryIn
+) -> list[dict[str, Any]]:
+    payload.refuse_unsupported()
     return _history(caller_of(request), thread_id, payload.limit, payload.before)
 
 
 # --- runs ------------------------------------------------------------------------------------
 
+# Request fields recorded in the run's `kwargs` (LangGraph's Run.kwargs).
 KWARG_FIELDS = (
     "config",
     "context",
     "stream_subgraphs",
     "stream_resumable",
-    "interrupt_before",
-    "interrupt_after",
     "feedback_keys",
-    "webhook",
-    "checkpoint",
-    "checkpoint_id",
     "on_disconnect",
     "on_completion",
     "durability",
@@ -309,18 +326,20 @@ KWARG_FIELDS = (
 def _create_run(
     caller: Caller, payload: RunCreateIn, thread_id: UUID | None, stream_mode: list[str]
 ) -> Run:
+    payload.refuse_unsupported()
     agent_id = p.agent_id_for_run(payload.assistant_id)
+    command = payload.command_given()
     kwargs = {k: v for k in KWARG_FIELDS if (v := getattr(payload, k)) is not None}
     kwargs["stream_mode"] = stream_mode
-    if payload.command:
-        kwargs["command"] = payload.command
+    if command:
+        kwargs["command"] = command
     return services.run_create(
         agent_id=agent_id,
         actor=caller.actor,
         thread_id=thread_id,
         input=payload.input,
-        command=payload.command or None,  # when both are given, command wins (LangGraph)
-        metadata=payload.metadata,
+        command=command,  # when both are given, command wins (LangGraph)
+        metadata=payload.run_metadata(),
         kwargs=kwargs,
         multitask_strategy=payload.multitask_strategy or "enqueue",
         if_not_exists=payload.if_not_exists or "reject",
@@ -334,83 +353,96 @@ def _run_path(run: Run) -> str:
     return f"/threads/{run.thread_id}/runs/{run.id}"
 
 
-def _start_after(run: Run, payload: RunCreateIn) -> int:
-    # A resumed run streams from the decision on; a new run from its first event.
-    return run.last_seq if payload.command else 0
+def _followed(
+    request: HttpRequest, caller: Caller, run: Run, follow: str, cancel_why: str | None
+) -> tuple[streaming.DisconnectGuard | None, dict[str, str]]:
+    """What every response following a run needs: the guard that cancels the run when the
+    client leaves (`cancel_why` set), and Location (…/stream or …/join) + Content-Location."""
+    base = _run_path(run)
+    guard = streaming.disconnect_guard(request, run.id, caller.actor, cancel_why)
+    return guard, {"Location": f"{base}/{follow}", "Content-Location": base}
+
+
+def _sse_of(
+    request: HttpRequest,
+    caller: Caller,
+    run: Run,
+    *,
+    modes: list[str],
+    after: int,
+    cancel_why: str | None,
+) -> StreamingHttpResponse:
+    guard, headers = _followed(request, caller, run, "stream", cancel_why)
+    body = streaming.sse_events(
+        run.id, modes=modes, after=after, attempt=p.stream_attempt(run), guard=guard
+    )
+    return streaming.sse_response(body, headers)
+
+
+def _result_of(
+    request: HttpRequest, caller: Caller, run: Run, *, cancel_why: str | None
+) -> StreamingHttpResponse:
+    guard, headers = _followed(request, caller, run, "join", cancel_why)
+    body = streaming.result_body(run.id, thread_id=run.thread_id, guard=guard)
+    return streaming.json_stream_response(body, headers)
+
+
+def _on_disconnect(payload: RunCreateIn) -> str | None:
+    return "on_disconnect=cancel" if payload.on_disconnect == "cancel" else None
 
 
 async def _stream_new_run(
     request: HttpRequest, payload: RunCreateIn, thread_id: UUID | None
-) -> HttpResponse:
+) -> StreamingHttpResponse:
     caller = caller_of(request)
     modes = streaming.parse_stream_modes(payload.stream_mode) or ["values"]
     run = await streaming.db(_create_run, caller, payload, thread_id, modes)
-    base = _run_path(run)
-    body = streaming.sse_events(
-        run.id,
-        modes=modes,
-        after=_start_after(run, payload),
-        attempt=p.stream_attempt(run),
-        guard=streaming.disconnect_guard(
-            request,
-            run.id,
-            caller.actor,
-            "on_disconnect=cancel" if payload.on_disconnect == "cancel" else None,
-        ),
+    # A resumed run streams from the decision on; a new run from its first event.
+    after = run.last_seq if payload.command_given() else 0
+    return _sse_of(
+        request, caller, run, modes=modes, after=after, cancel_why=_on_disconnect(payload)
     )
-    return streaming.sse_response(body, {"Location": f"{base}/stream", "Content-Location": base})
 
 
 async def _wait_new_run(
     request: HttpRequest, payload: RunCreateIn, thread_id: UUID | None
-) -> HttpResponse:
+) -> StreamingHttpResponse:
     caller = caller_of(request)
     modes = streaming.parse_stream_modes(payload.stream_mode) or ["values"]
     run = await streaming.db(_create_run, caller, payload, thread_id, modes)
-    base = _run_path(run)
-    body = streaming.result_body(
-        run.id,
-        thread_id=run.thread_id,
-        guard=streaming.disconnect_guard(
-            request,
-            run.id,
-            caller.actor,
-            "on_disconnect=cancel" if payload.on_disconnect == "cancel" else None,
-        ),
-    )
-    return streaming.json_stream_response(
-        body, {"Location": f"{base}/join", "Content-Location": base}
-    )
+    return _result_of(request, caller, run, cancel_why=_on_disconnect(payload))
 
 
 # Stateless runs (a temporary thread is created for each).
 
 
 @runs.post("/runs/stream", response=errors(404, 409), openapi_extra=SSE_200)
-async def stream_stateless_run(request: HttpRequest, payload: RunCreateIn):
+async def stream_stateless_run(request: HttpRequest, payload: RunCreateIn) -> StreamingHttpResponse:
     return await _stream_new_run(request, payload, None)
 
 
 @runs.post("/runs/wait", response=errors(404, 409), openapi_extra=JSON_BODY_200)
-async def wait_stateless_run(request: HttpRequest, payload: RunCreateIn):
+async def wait_stateless_run(request: HttpRequest, payload: RunCreateIn) -> StreamingHttpResponse:
     return await _wait_new_run(request, payload, None)
 
 
 @runs.post("/runs/batch", response={200: list[RunOut], **errors(404, 409)})
-def create_runs_batch(request: HttpRequest, payload: list[RunCreateIn]):
+def create_runs_batch(request: HttpRequest, payload: list[RunCreateIn]) -> list[Run]:
     caller = caller_of(request)
     if not payload:
-        raise ValidationFailed(
-            "a batch needs at least one run", errors=[{"field": "body", "message": "empty"}]
-        )
+        raise ValidationFailed.field("body", "empty", detail="a batch needs at least one run")
+    for item in payload:
+        item.refuse_unsupported()  # before any run of the batch is created
     return [
-        p.run_out(_create_run(caller, item, None, streaming.parse_stream_modes(item.stream_mode)))
+        _create_run(caller, item, None, streaming.parse_stream_modes(item.stream_mode))
         for item in payload
     ]
 
 
 @runs.post("/runs/cancel", response={204: None, **errors(404)})
-def cancel_runs(request: HttpRequest, payload: RunsCancelIn, action: str | None = None):
+def cancel_runs(
+    request: HttpRequest, payload: RunsCancelIn, action: str | None = None
+) -> tuple[int, None]:
     caller = caller_of(request)
     services.runs_cancel_many(
         action="rollback" if action == "rollback" else "interrupt",
@@ -424,70 +456,76 @@ def cancel_runs(request: HttpRequest, payload: RunsCancelIn, action: str | None 
 
 
 @runs.post("/runs", response={200: RunOut, **errors(404, 409)})
-def create_stateless_run(request: HttpRequest, payload: RunCreateIn, response: HttpResponse):
+def create_stateless_run(request: HttpRequest, payload: RunCreateIn, response: HttpResponse) -> Run:
     caller = caller_of(request)
     modes = streaming.parse_stream_modes(payload.stream_mode) or ["values"]
     run = _create_run(caller, payload, None, modes)
     response["Content-Location"] = _run_path(run)
-    return p.run_out(run)
+    return run
 
 
 # Stateful runs.
 
 
 @runs.post("/threads/{thread_id}/runs/stream", response=errors(404, 409), openapi_extra=SSE_200)
-async def stream_run(request: HttpRequest, thread_id: UUID, payload: RunCreateIn):
+async def stream_run(
+    request: HttpRequest, thread_id: UUID, payload: RunCreateIn
+) -> StreamingHttpResponse:
     return await _stream_new_run(request, payload, thread_id)
 
 
 @runs.post("/threads/{thread_id}/runs/wait", response=errors(404, 409), openapi_extra=JSON_BODY_200)
-async def wait_run(request: HttpRequest, thread_id: UUID, payload: RunCreateIn):
+async def wait_run(
+    request: HttpRequest, thread_id: UUID, payload: RunCreateIn
+) -> StreamingHttpResponse:
     return await _wait_new_run(request, payload, thread_id)
 
 
 @runs.post("/threads/{thread_id}/runs", response={200: RunOut, **errors(404, 409)})
-def create_run(request: HttpRequest, thread_id: UUID, payload: RunCreateIn, response: HttpResponse):
+def create_run(
+    request: HttpRequest, thread_id: UUID, payload: RunCreateIn, response: HttpResponse
+) -> Run:
     caller = caller_of(request)
     modes = streaming.parse_stream_modes(payload.stream_mode) or ["values"]
     run = _create_run(caller, payload, thread_id, modes)
     response["Content-Location"] = _run_path(run)
-    return p.run_out(run)
+    return run
 
 
 @runs.get("/threads/{thread_id}/runs", response={200: list[RunOut], **errors(404)})
 def list_runs(
     request: HttpRequest,
     thread_id: UUID,
-    limit: int = 10,
+    limit: ClampedLimit = 10,
     offset: int = 0,
     status: str | None = None,
     select: list[str] | None = Query(None),  # noqa: B008 - ninja's way to declare a query list
-):
+) -> list[Run]:
     caller = caller_of(request)
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
-    items = selectors.thread_runs(
-        thread, limit=max(1, min(limit, 1000)), offset=max(0, offset), status=status
-    )
-    return [p.run_out(r) for r in items]
+    return selectors.thread_runs(thread, limit=limit, offset=max(0, offset), status=status)
 
 
 @runs.get("/threads/{thread_id}/runs/{run_id}", response={200: RunOut, **errors(404)})
-def get_run(request: HttpRequest, thread_id: UUID, run_id: UUID):
+def get_run(request: HttpRequest, thread_id: UUID, run_id: UUID) -> Run:
     caller = caller_of(request)
-    run = selectors.run_get(
+    return selectors.run_get(
         run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
     )
-    return p.run_out(run)
 
 
 @runs.delete("/threads/{thread_id}/runs/{run_id}", response={204: None, **errors(404, 409)})
-def delete_run(request: HttpRequest, thread_id: UUID, run_id: UUID):
+def delete_run(request: HttpRequest, thread_id: UUID, run_id: UUID) -> tuple[int, None]:
     caller = caller_of(request)
     run = selectors.run_get(
         run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
     )
     services.run_delete(run=run, actor=caller.actor, pinned_resource_id=caller.pinned_resource_id)
     return 204, None
+
+
+def _cancel_on_disconnect(value: str | None) -> str | None:
+    return "cancel_on_disconnect" if p.as_bool(value) else None
 
 
 @runs.get(
@@ -497,25 +535,12 @@ def delete_run(request: HttpRequest, thread_id: UUID, run_id: UUID):
 )
 async def join_run(
     request: HttpRequest, thread_id: UUID, run_id: UUID, cancel_on_disconnect: str | None = None
-):
+) -> StreamingHttpResponse:
     caller = caller_of(request)
     run = await streaming.db(
         selectors.run_get, run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
     )
-    base = _run_path(run)
-    body = streaming.result_body(
-        run.id,
-        thread_id=run.thread_id,
-        guard=streaming.disconnect_guard(
-            request,
-            run.id,
-            caller.actor,
-            "cancel_on_disconnect" if p.as_bool(cancel_on_disconnect) else None,
-        ),
-    )
-    return streaming.json_stream_response(
-        body, {"Location": f"{base}/join", "Content-Location": base}
-    )
+    return _result_of(request, caller, run, cancel_why=_cancel_on_disconnect(cancel_on_disconnect))
 
 
 def _last_event_id(request: HttpRequest, run: Run) -> int:
@@ -536,7 +561,7 @@ async def join_run_stream(
     run_id: UUID,
     cancel_on_disconnect: str | None = None,
     stream_mode: list[str] | None = Query(None),  # noqa: B008 - declared for the docs; read raw below
-):
+) -> StreamingHttpResponse:
     caller = caller_of(request)
     modes = streaming.parse_stream_modes(request.GET.getlist("stream_mode"))
     run = await streaming.db(
@@ -544,20 +569,14 @@ async def join_run_stream(
     )
     if not modes:
         modes = streaming.parse_stream_modes((run.kwargs or {}).get("stream_mode")) or ["values"]
-    base = _run_path(run)
-    body = streaming.sse_events(
-        run.id,
+    return _sse_of(
+        request,
+        caller,
+        run,
         modes=modes,
         after=_last_event_id(request, run),
-        attempt=p.stream_attempt(run),
-        guard=streaming.disconnect_guard(
-            request,
-            run.id,
-            caller.actor,
-            "cancel_on_disconnect" if p.as_bool(cancel_on_disconnect) else None,
-        ),
+        cancel_why=_cancel_on_disconnect(cancel_on_disconnect),
     )
-    return streaming.sse_response(body, {"Location": f"{base}/stream", "Content-Location": base})
 
 
 def _cancel(caller: Caller, thread_id: UUID, run_id: UUID, action: str) -> Run:
@@ -581,15 +600,11 @@ async def cancel_run(
     run_id: UUID,
     wait: str | None = None,
     action: str | None = None,
-):
+) -> HttpResponse | StreamingHttpResponse:
     caller = caller_of(request)
     # LangGraph turns any other action into interrupt; an absent wait means no wait.
     action = "rollback" if action == "rollback" else "interrupt"
     run = await streaming.db(_cancel, caller, thread_id, run_id, action)
     if not p.as_bool(wait):
         return HttpResponse(status=202)
-    base = _run_path(run)
-    body = streaming.result_body(run.id, thread_id=run.thread_id)
-    return streaming.json_stream_response(
-        body, {"Location": f"{base}/join", "Content-Location": base}
-    )
+    return _result_of(request, caller, run, cancel_why=None)

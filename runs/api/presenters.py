@@ -1,8 +1,7 @@
-"""Model → wire shapes shared by the routers (LangGraph's Run/Thread/ThreadState, review runs)."""
+"""Model → wire shapes the Out schemas cannot read off a model (assistants, ThreadState)."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid5
 
@@ -12,7 +11,7 @@ from runs import selectors
 from runs.engine.agent import Agent
 from runs.engine.registry import all_agents
 from runs.exceptions import ValidationFailed
-from runs.models import Checkpoint, Run, Thread, ThreadStatus, ToolCall
+from runs.models import Checkpoint, Run, Thread, ThreadStatus
 
 # LangGraph's NAMESPACE_GRAPH: a graph's system assistant id is uuid5(NAMESPACE_GRAPH, graph_id).
 NAMESPACE_GRAPH = UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8")
@@ -40,11 +39,13 @@ def agent_id_for_run(assistant_id: str) -> str:
     agent = find_agent(assistant_id)
     if agent is None:
         known = ", ".join(sorted(all_agents())) or "none"
-        raise ValidationFailed(
-            f"Assistant {assistant_id!r} not found; registered graphs: {known}",
-            errors=[{"field": "assistant_id", "message": "unknown assistant"}],
-            code="assistant_not_found",
+        error = ValidationFailed.field(
+            "assistant_id",
+            "unknown assistant",
+            detail=f"Assistant {assistant_id!r} not found; registered graphs: {known}",
         )
+        error.code = "assistant_not_found"
+        raise error
     return agent.id
 
 
@@ -66,42 +67,18 @@ def assistant_out(agent: Agent) -> dict[str, Any]:
 # --- LangGraph shapes ----------------------------------------------------------------------
 
 
-def run_out(run: Run) -> dict[str, Any]:
-    aid = assistant_uuid(run.agent_id)
-    return {
-        "run_id": run.id,
-        "thread_id": run.thread_id,
-        "assistant_id": aid,
-        "created_at": run.created_at,
-        "updated_at": run.updated_at,
-        "status": run.status,
-        "metadata": {**(run.metadata or {}), "graph_id": run.agent_id, "assistant_id": aid},
-        "kwargs": run.kwargs or {},
-        "multitask_strategy": run.multitask_strategy,
-        "cancel_reason": run.cancel_reason or None,
-    }
+def with_interrupts(
+    thread: Thread, interrupts: dict[str, list[dict[str, Any]]] | None = None
+) -> Thread:
+    """The thread with what its suspended run waits on, for `ThreadOut.interrupts`.
 
-
-def thread_out(thread: Thread, interrupts: dict[str, list[dict[str, Any]]] | None) -> dict:
-    return {
-        "thread_id": thread.id,
-        "created_at": thread.created_at,
-        "updated_at": thread.updated_at,
-        "state_updated_at": thread.updated_at,
-        "metadata": thread.metadata or {},
-        "status": thread.status,
-        "config": {},
-        "values": thread.values,
-        "interrupts": interrupts or {},
-        "error": None,
-    }
-
-
-def thread_with_interrupts(thread: Thread) -> dict[str, Any]:
-    interrupts = {}
-    if thread.status == ThreadStatus.INTERRUPTED:
+    Without `interrupts` they are read for an interrupted thread (one query); a listing passes
+    them in, read for the whole page at once.
+    """
+    if interrupts is None and thread.status == ThreadStatus.INTERRUPTED:
         interrupts = selectors.threads_interrupts([thread.id]).get(thread.id, {})
-    return thread_out(thread, interrupts)
+    thread.waiting_interrupts = interrupts or {}  # type: ignore[attr-defined]
+    return thread
 
 
 def _checkpoint_ref(thread_id: UUID | None, checkpoint_id: UUID | None) -> dict | None:
@@ -177,89 +154,9 @@ def checkpoint_id_from(value: Any) -> UUID | None:
     try:
         return UUID(str(value))
     except ValueError:
-        raise ValidationFailed(
-            "Invalid checkpoint ID: must be a UUID",
-            errors=[{"field": "checkpoint_id", "message": "must be a UUID"}],
+        raise ValidationFailed.field(
+            "checkpoint_id", "must be a UUID", detail="Invalid checkpoint ID: must be a UUID"
         ) from None
-
-
-# --- review shapes -------------------------------------------------------------------------
-
-
-def tool_call_out(tc: ToolCall) -> dict[str, Any]:
-    return {
-        "tool_call_id": tc.tool_call_id,
-        "tool_name": tc.tool_name,
-        "args": tc.args,
-        "requires_approval": tc.requires_approval,
-        "suspend_payload": tc.suspend_payload,
-        "resume_schema": tc.resume_schema,
-    }
-
-
-def tool_call_detail_out(tc: ToolCall) -> dict[str, Any]:
-    return {
-        **tool_call_out(tc),
-        "status": tc.status,
-        "original_args": tc.original_args,
-        "resume_data": tc.resume_data,
-        "result": tc.result,
-        "decided_by": tc.decided_by,
-        "decided_at": tc.decided_at,
-        "decision_reason": tc.decision_reason,
-        "child_run_id": tc.child_run_id,
-    }
-
-
-def suspended_run_out(run: Run) -> dict[str, Any]:
-    return {
-        "run_id": run.id,
-        "status": run.status,
-        "agent_id": run.agent_id,
-        "thread_id": run.thread_id,
-        "resource_id": run.resource_id,
-        "suspended_at": run.suspended_at,
-        "created_at": run.created_at,
-        "updated_at": run.updated_at,
-        "tool_calls": [tool_call_out(tc) for tc in getattr(run, "waiting_tool_calls", [])],
-    }
-
-
-def review_run_out(detail: selectors.RunDetail) -> dict[str, Any]:
-    run = detail.run
-    return {
-        "run_id": run.id,
-        "status": run.status,
-        "agent_id": run.agent_id,
-        "thread_id": run.thread_id,
-        "resource_id": run.resource_id,
-        "parent_run_id": run.parent_run_id,
-        "attempt": run.attempt,
-        "input": run.input,
-        "output": run.output,
-        "error": run.error,
-        "metadata": run.metadata or {},
-        "multitask_strategy": run.multitask_strategy,
-        "cancel_reason": run.cancel_reason,
-        "created_at": run.created_at,
-        "started_at": run.started_at,
-        "suspended_at": run.suspended_at,
-        "finished_at": run.finished_at,
-        "updated_at": run.updated_at,
-        "tool_calls": [tool_call_detail_out(tc) for tc in detail.tool_calls],
-        "values": detail.checkpoint.values if detail.checkpoint else None,
-        "checkpoint_id": detail.checkpoint.id if detail.checkpoint else None,
-    }
-
-
-def event_out(event: Any) -> dict[str, Any]:
-    return {
-        "seq": event.seq,
-        "kind": event.kind,
-        "data": event.data,
-        "actor": event.actor,
-        "created_at": event.created_at,
-    }
 
 
 def stream_attempt(run: Run) -> int:
@@ -272,7 +169,3 @@ def stream_attempt(run: Run) -> int:
 def as_bool(value: Any) -> bool:
     """LangGraph's query booleans: true/yes/1 (the SDK sends wait=0|1)."""
     return str(value).strip().lower() in ("true", "yes", "1", "on")
-
-
-def iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None

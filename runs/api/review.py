@@ -1,27 +1,32 @@
 """The review API (snake_case, modelled on Mastra): list suspended runs, approve, decline, resume.
 
 A run of another agent answers 404 on an agent's routes (no leak across agents); a key pinned to
-a resource sees nothing outside it.
+a resource sees nothing outside it. The listings also take Mastra's camelCase filter names, and
+every GET refuses a query parameter it does not know (a misspelt filter would match everything).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import UUID
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Query, Router
 
 from runs import selectors, services
 from runs.api import presenters as p
 from runs.api import streaming
 from runs.api.auth import Caller, caller_of
+from runs.api.dates import date_bound
 from runs.api.langgraph import SSE_200
 from runs.api.schemas import (
     AgentRunsOut,
+    AgentRunsQuery,
+    AgentRunsStatusQuery,
+    Approval,
     ApproveIn,
+    ClampedLimit,
     DeclineIn,
     ResumeIn,
     ReviewRunOut,
@@ -30,65 +35,79 @@ from runs.api.schemas import (
     errors,
 )
 from runs.engine.registry import get_agent
-from runs.models import Run
+from runs.exceptions import ValidationFailed
+from runs.models import PENDING_DECISION_STATUSES, Run, ToolCallStatus
 
 review = Router(tags=["review"])
 
 REVIEW_STREAM_MODES = ["values", "updates", "custom"]
 
 
+def _query_names(schema: type[AgentRunsQuery]) -> tuple[str, ...]:
+    return tuple(field.alias or name for name, field in schema.model_fields.items())
+
+
+SUSPENDED_RUNS_PARAMS = _query_names(AgentRunsQuery)
+AGENT_RUNS_PARAMS = _query_names(AgentRunsStatusQuery)
+EVENTS_PARAMS = ("after", "limit")
+
+
+def _refuse_unknown_query(request: HttpRequest, known: Sequence[str]) -> None:
+    unknown = [name for name in request.GET if name not in known]
+    if unknown:
+        listed = ", ".join(known) or "none"
+        names = ", ".join(map(repr, unknown))
+        raise ValidationFailed.field(
+            unknown[0],
+            f"unknown query parameter; known: {listed}",
+            detail=f"unknown query parameter {names}; known: {listed}",
+        )
+
+
+def _listing_filters(filters: AgentRunsQuery) -> dict[str, Any]:
+    """The selector's filters: either spelling, dates as aware UTC bounds."""
+    from_name, from_raw = filters.pick("from_date")
+    to_name, to_raw = filters.pick("to_date")
+    return {
+        "thread_id": filters.pick("thread_id")[1],
+        "resource_id": filters.pick("resource_id")[1],
+        "from_date": date_bound(from_raw, field=from_name, end=False),
+        "to_date": date_bound(to_raw, field=to_name, end=True),
+        "per_page": filters.pick("per_page")[1],
+        "page": filters.page,
+    }
+
+
 @review.get("/agents/{agent_id}/suspended-runs", response={200: SuspendedRunsOut, **errors(404)})
 def list_suspended_runs(
-    request: HttpRequest,
-    agent_id: str,
-    thread_id: UUID | None = None,
-    resource_id: str | None = None,
-    from_date: datetime | None = None,
-    to_date: datetime | None = None,
-    per_page: int | None = None,
-    page: int | None = None,
-):
+    request: HttpRequest, agent_id: str, filters: Query[AgentRunsQuery]
+) -> dict[str, Any]:
+    _refuse_unknown_query(request, SUSPENDED_RUNS_PARAMS)
     caller = caller_of(request)
     get_agent(agent_id)
     found = selectors.suspended_runs_for_agent(
         agent_id=agent_id,
-        thread_id=thread_id,
-        resource_id=resource_id,
-        from_date=from_date,
-        to_date=to_date,
-        per_page=per_page,
-        page=page,
+        **_listing_filters(filters),
         pinned_resource_id=caller.pinned_resource_id,
     )
-    return {"runs": [p.suspended_run_out(r) for r in found.items], "total": found.total}
+    return {"runs": found.items, "total": found.total}
 
 
 @review.get("/agents/{agent_id}/runs", response={200: AgentRunsOut, **errors(404)})
 def list_agent_runs(
-    request: HttpRequest,
-    agent_id: str,
-    status: list[str] | None = Query(None),  # noqa: B008 - ninja's way to declare a query list
-    thread_id: UUID | None = None,
-    resource_id: str | None = None,
-    from_date: datetime | None = None,
-    to_date: datetime | None = None,
-    per_page: int | None = None,
-    page: int | None = None,
-):
+    request: HttpRequest, agent_id: str, filters: Query[AgentRunsStatusQuery]
+) -> dict[str, Any]:
+    _refuse_unknown_query(request, AGENT_RUNS_PARAMS)
     caller = caller_of(request)
     get_agent(agent_id)
+    status = [s for value in filters.status or [] for s in value.split(",") if s.strip()]
     found = selectors.runs_for_agent(
         agent_id=agent_id,
-        status=[s for value in status or [] for s in value.split(",") if s.strip()] or None,
-        thread_id=thread_id,
-        resource_id=resource_id,
-        from_date=from_date,
-        to_date=to_date,
-        per_page=per_page,
-        page=page,
+        status=status or None,
+        **_listing_filters(filters),
         pinned_resource_id=caller.pinned_resource_id,
     )
-    return {"runs": [p.suspended_run_out(r) for r in found.items], "total": found.total}
+    return {"runs": found.items, "total": found.total}
 
 
 # --- decisions -------------------------------------------------------------------------------
@@ -120,28 +139,70 @@ def _decline(caller: Caller, agent_id: str, payload: DeclineIn) -> Run:
     )
 
 
+def _awaits_approval(caller: Caller, run: Run, tool_call_id: str | None) -> bool:
+    """Whether the call a resume addresses waits for an approval (not for input).
+
+    Only picks the service to call: the service checks the call's status again under its lock.
+    """
+    if tool_call_id is not None:
+        return selectors.tool_call_get(run.id, tool_call_id).status == (
+            ToolCallStatus.AWAITING_APPROVAL
+        )
+    detail = selectors.run_detail(run.id, pinned_resource_id=caller.pinned_resource_id)
+    waiting = [tc for tc in detail.tool_calls if tc.status in PENDING_DECISION_STATUSES]
+    return len(waiting) == 1 and waiting[0].status == ToolCallStatus.AWAITING_APPROVAL
+
+
 def _resume(caller: Caller, agent_id: str, payload: ResumeIn) -> Run:
+    """Answer a tool that asked for input, or (Mastra's resumeStream({approved})) an approval."""
     run = selectors.run_for_agent(
         payload.run_id, agent_id=agent_id, pinned_resource_id=caller.pinned_resource_id
     )
-    return services.tool_call_answer(
+    approval: Approval | None = payload.top_level_approval()
+    if approval is None and _awaits_approval(caller, run, payload.tool_call_id):
+        approval = payload.approval_in_resume_data()
+        if approval is None:
+            raise ValidationFailed.field(
+                "resume_data.approved",
+                "expected a boolean: the tool call awaits approval",
+                detail='The tool call awaits approval: resume with {"approved": true} '
+                '(optionally "args") or {"approved": false, "reason": "..."}',
+            )
+    if approval is None:
+        return services.tool_call_answer(
+            run=run,
+            actor=caller.actor,
+            resume_data=payload.resume_data,
+            tool_call_id=payload.tool_call_id,
+            pinned_resource_id=caller.pinned_resource_id,
+        )
+    if approval.approved:
+        return services.tool_call_approve(
+            run=run,
+            actor=caller.actor,
+            tool_call_id=payload.tool_call_id,
+            args=approval.args,
+            pinned_resource_id=caller.pinned_resource_id,
+        )
+    return services.tool_call_decline(
         run=run,
         actor=caller.actor,
-        resume_data=payload.resume_data,
         tool_call_id=payload.tool_call_id,
+        reason=approval.reason or "",
         pinned_resource_id=caller.pinned_resource_id,
     )
 
 
-def _decided(caller: Caller, run: Run) -> tuple[int, dict[str, Any]]:
-    detail = selectors.run_detail(run.id, pinned_resource_id=caller.pinned_resource_id)
-    return 202, p.review_run_out(detail)
+def _decided(caller: Caller, run: Run) -> tuple[int, selectors.RunDetail]:
+    return 202, selectors.run_detail(run.id, pinned_resource_id=caller.pinned_resource_id)
 
 
 @review.post(
     "/agents/{agent_id}/approve-tool-call", response={202: ReviewRunOut, **errors(404, 409)}
 )
-def approve_tool_call(request: HttpRequest, agent_id: str, payload: ApproveIn):
+def approve_tool_call(
+    request: HttpRequest, agent_id: str, payload: ApproveIn
+) -> tuple[int, selectors.RunDetail]:
     caller = caller_of(request)
     return _decided(caller, _approve(caller, agent_id, payload))
 
@@ -149,20 +210,24 @@ def approve_tool_call(request: HttpRequest, agent_id: str, payload: ApproveIn):
 @review.post(
     "/agents/{agent_id}/decline-tool-call", response={202: ReviewRunOut, **errors(404, 409)}
 )
-def decline_tool_call(request: HttpRequest, agent_id: str, payload: DeclineIn):
+def decline_tool_call(
+    request: HttpRequest, agent_id: str, payload: DeclineIn
+) -> tuple[int, selectors.RunDetail]:
     caller = caller_of(request)
     return _decided(caller, _decline(caller, agent_id, payload))
 
 
 @review.post("/agents/{agent_id}/resume", response={202: ReviewRunOut, **errors(404, 409)})
-def resume_run(request: HttpRequest, agent_id: str, payload: ResumeIn):
+def resume_run(
+    request: HttpRequest, agent_id: str, payload: ResumeIn
+) -> tuple[int, selectors.RunDetail]:
     caller = caller_of(request)
     return _decided(caller, _resume(caller, agent_id, payload))
 
 
 async def _decide_and_stream(
     request: HttpRequest, decide: Callable[[Caller, str, Any], Run], agent_id: str, payload: Any
-) -> HttpResponse:
+) -> StreamingHttpResponse:
     caller = caller_of(request)
     run = await streaming.db(decide, caller, agent_id, payload)
     body = streaming.sse_events(
@@ -182,7 +247,9 @@ async def _decide_and_stream(
     response=errors(404, 409),
     openapi_extra=SSE_200,
 )
-async def approve_tool_call_stream(request: HttpRequest, agent_id: str, payload: ApproveIn):
+async def approve_tool_call_stream(
+    request: HttpRequest, agent_id: str, payload: ApproveIn
+) -> StreamingHttpResponse:
     return await _decide_and_stream(request, _approve, agent_id, payload)
 
 
@@ -191,12 +258,16 @@ async def approve_tool_call_stream(request: HttpRequest, agent_id: str, payload:
     response=errors(404, 409),
     openapi_extra=SSE_200,
 )
-async def decline_tool_call_stream(request: HttpRequest, agent_id: str, payload: DeclineIn):
+async def decline_tool_call_stream(
+    request: HttpRequest, agent_id: str, payload: DeclineIn
+) -> StreamingHttpResponse:
     return await _decide_and_stream(request, _decline, agent_id, payload)
 
 
 @review.post("/agents/{agent_id}/resume-stream", response=errors(404, 409), openapi_extra=SSE_200)
-async def resume_stream(request: HttpRequest, agent_id: str, payload: ResumeIn):
+async def resume_stream(
+    request: HttpRequest, agent_id: str, payload: ResumeIn
+) -> StreamingHttpResponse:
     return await _decide_and_stream(request, _resume, agent_id, payload)
 
 
@@ -204,19 +275,18 @@ async def resume_stream(request: HttpRequest, agent_id: str, payload: ResumeIn):
 
 
 @review.get("/runs/{run_id}", response={200: ReviewRunOut, **errors(404)})
-def get_review_run(request: HttpRequest, run_id: UUID):
+def get_review_run(request: HttpRequest, run_id: UUID) -> selectors.RunDetail:
+    _refuse_unknown_query(request, ())
     caller = caller_of(request)
-    return p.review_run_out(
-        selectors.run_detail(run_id, pinned_resource_id=caller.pinned_resource_id)
-    )
+    return selectors.run_detail(run_id, pinned_resource_id=caller.pinned_resource_id)
 
 
 @review.get("/runs/{run_id}/events", response={200: RunEventsOut, **errors(404)})
-def get_run_events(request: HttpRequest, run_id: UUID, after: int = 0, limit: int = 100):
+def get_run_events(
+    request: HttpRequest, run_id: UUID, after: int = 0, limit: ClampedLimit = 100
+) -> dict[str, Any]:
+    _refuse_unknown_query(request, EVENTS_PARAMS)
     caller = caller_of(request)
     run = selectors.run_get(run_id, pinned_resource_id=caller.pinned_resource_id)
-    events = selectors.run_events(run, after=max(0, after), limit=max(1, min(limit, 1000)))
-    return {
-        "events": [p.event_out(e) for e in events],
-        "next_after": events[-1].seq if events else max(0, after),
-    }
+    events = selectors.run_events(run, after=max(0, after), limit=limit)
+    return {"events": events, "next_after": events[-1].seq if events else max(0, after)}

@@ -1,15 +1,50 @@
-"""Request and response schemas of the JSON API (explicit In/Out, unknown request keys ignored)."""
+"""Request and response schemas of the JSON API (explicit In/Out).
+
+Requests fail closed: a LangGraph field Runsite does not honour is declared here and refused
+with 422 `unsupported` when it is sent with a value (`refuse_unsupported`); keys no schema
+declares are ignored (the SDK sends client-side ones such as `langsmith_tracer`). Responses are
+read straight off the models (`from_attributes`, aliases, `resolve_<field>`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from uuid import UUID
 
 from ninja import Field, Schema
-from pydantic import ConfigDict, model_validator
+from pydantic import AfterValidator, ConfigDict, model_validator
+
+from runs.api.presenters import assistant_uuid
+from runs.exceptions import Unsupported, ValidationFailed
+from runs.models import Run, Thread
 
 # --- shared ------------------------------------------------------------------------------------
+
+MAX_LIMIT = 1000
+
+# A page size in a request body: outside 1..1000 is refused (422).
+Limit = Annotated[int, Field(ge=1, le=MAX_LIMIT)]
+# A page size in a query string: clamped into 1..1000, as LangGraph's server does.
+ClampedLimit = Annotated[int, AfterValidator(lambda v: max(1, min(v, MAX_LIMIT)))]
+
+
+def given(value: Any) -> bool:
+    """Sent with a value: not null and not empty (an object of empties is empty too).
+
+    The SDK sends some fields with null or empty defaults; only a value asks for an effect.
+    """
+    if isinstance(value, dict):
+        return any(given(v) for v in value.values())
+    return value not in (None, "", [])
+
+
+def refuse_keys(obj: dict[str, Any] | None, prefix: str, allowed: Iterable[str] = ()) -> None:
+    """Unsupported for the first key of `obj` outside `allowed` that carries a value."""
+    for key, value in (obj or {}).items():
+        if key not in allowed and given(value):
+            raise Unsupported(f"{prefix}.{key}")
 
 
 class BodyIn(Schema):
@@ -23,6 +58,14 @@ class BodyIn(Schema):
         if not isinstance(raw, dict | Schema):
             raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
         return value
+
+    # Fields accepted by the schema that Runsite cannot honour: refused when given.
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ()
+
+    def refuse_unsupported(self) -> None:
+        for name in self.UNSUPPORTED:
+            if given(getattr(self, name)):
+                raise Unsupported(name)
 
 
 class ErrorOut(Schema):
@@ -60,7 +103,7 @@ class AssistantSearchIn(BodyIn):
     metadata: dict[str, Any] | None = None
     graph_id: str | None = None
     name: str | None = None
-    limit: int = Field(10, ge=1, le=1000)
+    limit: Limit = 10
     offset: int = Field(0, ge=0)
     sort_by: Literal["assistant_id", "created_at", "updated_at", "name", "graph_id"] | None = None
     sort_order: Literal["asc", "desc"] | None = None
@@ -87,17 +130,26 @@ class ThreadCreateIn(BodyIn):
     thread_id: UUID | None = None
     metadata: dict[str, Any] | None = None
     if_exists: Literal["raise", "do_nothing"] | None = None
+    ttl: Any = None
+    supersteps: Any = None
+
+    UNSUPPORTED = ("ttl", "supersteps")
 
 
 class ThreadPatchIn(BodyIn):
     metadata: dict[str, Any] = Field(default_factory=dict)
+    ttl: Any = None
+
+    UNSUPPORTED = ("ttl",)
 
 
 class ThreadOut(Schema):
-    thread_id: UUID
+    """A Thread; `interrupts` come from the attribute `presenters.with_interrupts` sets."""
+
+    thread_id: UUID = Field(alias="id")
     created_at: datetime
     updated_at: datetime
-    state_updated_at: datetime
+    state_updated_at: datetime = Field(alias="updated_at")
     metadata: dict[str, Any]
     status: str
     config: dict[str, Any]
@@ -105,18 +157,33 @@ class ThreadOut(Schema):
     interrupts: dict[str, list[dict[str, Any]]]
     error: Any = None
 
+    @staticmethod
+    def resolve_config(obj: Thread) -> dict[str, Any]:
+        return {}
+
+    @staticmethod
+    def resolve_interrupts(obj: Thread) -> dict[str, list[dict[str, Any]]]:
+        return getattr(obj, "waiting_interrupts", None) or {}
+
+    @staticmethod
+    def resolve_error(obj: Thread) -> None:
+        return None
+
 
 class ThreadSearchIn(BodyIn):
     ids: list[UUID] | None = None
     metadata: dict[str, Any] | None = None
     values: dict[str, Any] | None = None
     status: Literal["idle", "busy", "interrupted", "error"] | None = None
-    limit: int = Field(10, ge=1, le=1000)
+    limit: Limit = 10
     offset: int = Field(0, ge=0)
     sort_by: Literal["thread_id", "status", "created_at", "updated_at", "state_updated_at"] = (
         "created_at"
     )
     sort_order: Literal["asc", "desc"] = "desc"
+    extract: dict[str, Any] | None = None
+
+    UNSUPPORTED = ("extract",)
 
 
 class ThreadCountIn(BodyIn):
@@ -144,11 +211,26 @@ class ThreadStateOut(Schema):
     parent_checkpoint_id: UUID | None = None
 
 
+def _refuse_checkpoint(value: Any, name: str = "checkpoint") -> None:
+    # A checkpoint that names nothing ({"thread_id": …, "checkpoint_ns": ""}) is the latest one.
+    if isinstance(value, dict):
+        value = {k: v for k, v in value.items() if k != "thread_id"}
+    if given(value):
+        raise Unsupported(name)
+
+
 class ThreadStateUpdateIn(BodyIn):
     values: dict[str, Any] | None = None
     as_node: str | None = None
     checkpoint: dict[str, Any] | None = None
     checkpoint_id: str | None = None
+
+    UNSUPPORTED = ("as_node", "checkpoint_id")
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        # Writing at an older checkpoint forks the thread; Runsite writes after the latest.
+        _refuse_checkpoint(self.checkpoint)
 
 
 class StateAtCheckpointIn(BodyIn):
@@ -163,15 +245,25 @@ class ThreadStateUpdateOut(Schema):
 
 
 class HistoryIn(BodyIn):
-    limit: int = Field(10, ge=1, le=1000)
+    limit: Limit = 10
     before: str | dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     checkpoint: dict[str, Any] | None = None
+
+    UNSUPPORTED = ("metadata",)
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        _refuse_checkpoint(self.checkpoint)  # a subgraph namespace: Runsite has none
 
 
 # --- runs --------------------------------------------------------------------------------------
 
 MultitaskStrategyIn = Literal["reject", "rollback", "interrupt", "enqueue"]
+
+# `command` keys and `config` keys with an effect in Runsite; any other one is refused.
+COMMAND_KEYS = ("resume",)
+CONFIG_KEYS = ("configurable", "metadata", "tags", "run_name")
 
 
 class RunCreateIn(BodyIn):
@@ -192,6 +284,7 @@ class RunCreateIn(BodyIn):
     webhook: str | None = None
     checkpoint: dict[str, Any] | None = None
     checkpoint_id: str | None = None
+    checkpoint_during: bool | None = None
     multitask_strategy: MultitaskStrategyIn | None = None
     if_not_exists: Literal["create", "reject"] | None = None
     on_disconnect: Literal["cancel", "continue"] | None = None
@@ -199,9 +292,38 @@ class RunCreateIn(BodyIn):
     after_seconds: float | None = Field(None, ge=0, le=31_536_000)
     durability: Literal["sync", "async", "exit"] | None = None
 
+    UNSUPPORTED = ("webhook", "interrupt_before", "interrupt_after", "checkpoint_id")
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        _refuse_checkpoint(self.checkpoint)  # time travel
+        refuse_keys(self.command, "command", COMMAND_KEYS)
+        refuse_keys(self.config, "config", CONFIG_KEYS)
+        configurable = (self.config or {}).get("configurable")
+        if isinstance(configurable, dict):
+            # LangGraph's older spelling of time travel.
+            for key in ("checkpoint_id", "checkpoint_ns", "checkpoint_map"):
+                if given(configurable.get(key)):
+                    raise Unsupported(f"config.configurable.{key}")
+        config_metadata = (self.config or {}).get("metadata")
+        if config_metadata is not None and not isinstance(config_metadata, dict):
+            raise ValidationFailed.field("config.metadata", "must be an object")
+
+    def command_given(self) -> dict[str, Any] | None:
+        """The command with its empty keys dropped; None when nothing is left."""
+        command = {k: v for k, v in (self.command or {}).items() if v is not None}
+        return command or None
+
+    def run_metadata(self) -> dict[str, Any] | None:
+        """`metadata` over `config.metadata` (LangGraph merges both into the run's metadata)."""
+        from_config = (self.config or {}).get("metadata") or {}
+        if not from_config:
+            return self.metadata
+        return {**from_config, **(self.metadata or {})}
+
 
 class RunOut(Schema):
-    run_id: UUID
+    run_id: UUID = Field(alias="id")
     thread_id: UUID | None = None
     assistant_id: str
     created_at: datetime
@@ -212,6 +334,26 @@ class RunOut(Schema):
     multitask_strategy: str
     cancel_reason: str | None = None
 
+    @staticmethod
+    def resolve_assistant_id(obj: Run) -> str:
+        return assistant_uuid(obj.agent_id)
+
+    @staticmethod
+    def resolve_metadata(obj: Run) -> dict[str, Any]:
+        return {
+            **(obj.metadata or {}),
+            "graph_id": obj.agent_id,
+            "assistant_id": assistant_uuid(obj.agent_id),
+        }
+
+    @staticmethod
+    def resolve_kwargs(obj: Run) -> dict[str, Any]:
+        return obj.kwargs or {}
+
+    @staticmethod
+    def resolve_cancel_reason(obj: Run) -> str | None:
+        return obj.cancel_reason or None
+
 
 class RunsCancelIn(BodyIn):
     thread_id: UUID | None = None
@@ -220,6 +362,43 @@ class RunsCancelIn(BodyIn):
 
 
 # --- review API --------------------------------------------------------------------------------
+
+
+class AgentRunsQuery(Schema):
+    """Filters of an agent's run listings: snake_case, or Mastra's camelCase names.
+
+    Dates stay strings here: `runs.api.dates.date_bound` reads a date-only `to_date` as the
+    whole day, which a datetime type would have turned into midnight.
+    """
+
+    thread_id: UUID | None = None
+    resource_id: str | None = None
+    from_date: str | None = None
+    to_date: str | None = None
+    per_page: int | None = None
+    page: int | None = None
+    thread_id_camel: UUID | None = Field(None, alias="threadId")
+    resource_id_camel: str | None = Field(None, alias="resourceId")
+    from_date_camel: str | None = Field(None, alias="fromDate")
+    to_date_camel: str | None = Field(None, alias="toDate")
+    per_page_camel: int | None = Field(None, alias="perPage")
+
+    def pick(self, name: str) -> tuple[str, Any]:
+        """(the name the client used, its value) for a filter sent either way; 422 if both
+        spellings are sent with different values."""
+        snake, camel = getattr(self, name), getattr(self, f"{name}_camel", None)
+        alias = type(self).model_fields[f"{name}_camel"].alias or name
+        if camel is None:
+            return name, snake
+        if snake is not None and snake != camel:
+            raise ValidationFailed.field(
+                alias, f"conflicts with {name}", detail=f"{name} and {alias} disagree"
+            )
+        return alias, camel
+
+
+class AgentRunsStatusQuery(AgentRunsQuery):
+    status: list[str] | None = None
 
 
 class ToolCallOut(Schema):
@@ -243,13 +422,15 @@ class ToolCallDetailOut(ToolCallOut):
 
 
 class SuspendedRunOut(Schema):
-    run_id: UUID
+    """A Run; `tool_calls` are its waiting calls (`selectors.waiting_tool_calls_prefetch`)."""
+
+    run_id: UUID = Field(alias="id")
     status: str
     agent_id: str
     thread_id: UUID | None = None
     resource_id: str | None = None
     suspended_at: datetime | None = None
-    tool_calls: list[ToolCallOut]
+    tool_calls: list[ToolCallOut] = Field(alias="waiting_tool_calls")
 
 
 class SuspendedRunsOut(Schema):
@@ -268,27 +449,29 @@ class AgentRunsOut(Schema):
 
 
 class ReviewRunOut(Schema):
-    run_id: UUID
-    status: str
-    agent_id: str
-    thread_id: UUID | None = None
-    resource_id: str | None = None
-    parent_run_id: UUID | None = None
-    attempt: int
-    input: Any = None
-    output: Any = None
-    error: Any = None
-    metadata: dict[str, Any]
-    multitask_strategy: str
-    cancel_reason: str = ""
-    created_at: datetime
-    started_at: datetime | None = None
-    suspended_at: datetime | None = None
-    finished_at: datetime | None = None
-    updated_at: datetime
+    """A `selectors.RunDetail`: the run, all its tool calls, its latest checkpoint's values."""
+
+    run_id: UUID = Field(alias="run.id")
+    status: str = Field(alias="run.status")
+    agent_id: str = Field(alias="run.agent_id")
+    thread_id: UUID | None = Field(None, alias="run.thread_id")
+    resource_id: str | None = Field(None, alias="run.resource_id")
+    parent_run_id: UUID | None = Field(None, alias="run.parent_run_id")
+    attempt: int = Field(alias="run.attempt")
+    input: Any = Field(None, alias="run.input")
+    output: Any = Field(None, alias="run.output")
+    error: Any = Field(None, alias="run.error")
+    metadata: dict[str, Any] = Field(alias="run.metadata")
+    multitask_strategy: str = Field(alias="run.multitask_strategy")
+    cancel_reason: str = Field("", alias="run.cancel_reason")
+    created_at: datetime = Field(alias="run.created_at")
+    started_at: datetime | None = Field(None, alias="run.started_at")
+    suspended_at: datetime | None = Field(None, alias="run.suspended_at")
+    finished_at: datetime | None = Field(None, alias="run.finished_at")
+    updated_at: datetime = Field(alias="run.updated_at")
     tool_calls: list[ToolCallDetailOut]
-    values: Any = None
-    checkpoint_id: UUID | None = None
+    values: Any = Field(None, alias="checkpoint.values")
+    checkpoint_id: UUID | None = Field(None, alias="checkpoint.id")
 
 
 class RunEventOut(Schema):
@@ -316,7 +499,48 @@ class DeclineIn(BodyIn):
     reason: str | None = Field(None, max_length=10_000)
 
 
+class Approval(Schema):
+    """Mastra's answer to an approval: `{"approved": bool, "args"?, "reason"?}`."""
+
+    approved: bool
+    args: dict[str, Any] | None = None
+    reason: str | None = Field(None, max_length=10_000)
+
+
 class ResumeIn(BodyIn):
+    """`resume_data` for a tool that asked for input; for a call awaiting approval,
+    `{"approved": …}` either as `resume_data` (Mastra's resumeStream) or at the top level."""
+
     run_id: UUID
     tool_call_id: str | None = None
     resume_data: Any = None
+    approved: bool | None = None
+    args: dict[str, Any] | None = None
+    reason: str | None = Field(None, max_length=10_000)
+
+    def top_level_approval(self) -> Approval | None:
+        if self.approved is None:
+            for name in ("args", "reason"):
+                if getattr(self, name) is not None:
+                    raise ValidationFailed.field(name, "only allowed with approved")
+            return None
+        if self.resume_data is not None:
+            raise ValidationFailed.field(
+                "resume_data", "send either resume_data or approved, not both"
+            )
+        return Approval(approved=self.approved, args=self.args, reason=self.reason)
+
+    def approval_in_resume_data(self) -> Approval | None:
+        """`resume_data` read as an approval, when it has a boolean `approved`."""
+        data = self.resume_data
+        if not isinstance(data, dict) or not isinstance(data.get("approved"), bool):
+            return None
+        try:
+            return Approval.model_validate(data)
+        except ValueError as exc:  # pydantic's ValidationError
+            first = exc.errors()[0] if hasattr(exc, "errors") else {}
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            raise ValidationFailed.field(
+                f"resume_data.{where}" if where else "resume_data",
+                str(first.get("msg", "invalid")),
+            ) from None

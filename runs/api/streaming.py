@@ -213,9 +213,10 @@ def parse_stream_modes(raw: list[str] | str | None) -> list[str]:
         values.extend(v.strip() for v in text.split(",") if v.strip())
     bad = [v for v in values if v not in STREAM_MODES]
     if bad:
-        raise ValidationFailed(
-            f"unknown stream_mode {', '.join(map(repr, bad))}; use {', '.join(STREAM_MODES)}",
-            errors=[{"field": "stream_mode", "message": f"must be one of {STREAM_MODES}"}],
+        raise ValidationFailed.field(
+            "stream_mode",
+            f"must be one of {STREAM_MODES}",
+            detail=f"unknown stream_mode {', '.join(map(repr, bad))}; use {', '.join(STREAM_MODES)}",
         )
     return values
 

@@ -8,6 +8,7 @@ default) starts the same Worker inside the server process.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -15,7 +16,8 @@ import secrets
 import socket
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -157,6 +159,30 @@ def _stopped(lease: services.Lease, reason: str, control: RunControl) -> str:
     return _safely(ack)
 
 
+class _DaemonPool:
+    """Each run on its own daemon thread; the claim only takes free slots, so at most
+    `concurrency` at once. Daemon threads, unlike ThreadPoolExecutor's, cannot keep the process
+    alive: a tool still busy after the shutdown grace is abandoned (the run was released, so the
+    fence rejects anything it writes later) instead of blocking exit for minutes."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def submit(self, fn: Callable[..., str], *args: Any) -> Future:
+        future: Future = Future()
+
+        def target() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        threading.Thread(target=target, name=self.name, daemon=True).start()
+        return future
+
+
 class Worker:
     def __init__(
         self,
@@ -167,6 +193,7 @@ class Worker:
         heartbeat_seconds: float | None = None,
         reaper_seconds: float | None = None,
         listen: bool | None = None,
+        shutdown_grace: float | None = None,
     ):
         self.concurrency = concurrency or settings.RUNS_WORKER_CONCURRENCY
         self.owner = owner or new_owner_id()
@@ -179,9 +206,10 @@ class Worker:
         self._stopped = threading.Event()
         self._active: dict[UUID, _Active] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(
-            max_workers=self.concurrency, thread_name_prefix="runsite-run"
+        self.shutdown_grace = (
+            settings.RUNS_SHUTDOWN_GRACE_SECONDS if shutdown_grace is None else shutdown_grace
         )
+        self._pool = _DaemonPool("runsite-run")
         self._listener: threading.Thread | None = None
         self.claimed_total = 0
 
@@ -331,7 +359,7 @@ class Worker:
             actives = list(self._active.values())
         for a in actives:
             a.control.request_release()
-        deadline = time.monotonic() + settings.RUNS_SHUTDOWN_GRACE_SECONDS
+        deadline = time.monotonic() + self.shutdown_grace
         for a in actives:
             if a.future is not None:
                 # A timeout falls through to the forced release below.
@@ -346,7 +374,6 @@ class Worker:
                 services.run_release(lease=a.lease)
             except Exception:
                 logger.warning("could not release run %s", a.lease.run_id, exc_info=True)
-        self._pool.shutdown(wait=False, cancel_futures=True)
         close_old_connections()
         logger.info("worker %s stopped", self.owner)
         self._stopped.set()
@@ -369,11 +396,28 @@ def drain(*, owner: str | None = None, max_runs: int = 10_000, timeout: float = 
     return done
 
 
+EMBEDDED_SHUTDOWN_GRACE = 2.0
+
+
 def start_embedded_worker(**kwargs: Any) -> Worker:
-    """Start a Worker on a daemon thread inside this process (server embedded mode)."""
+    """Start a Worker on a daemon thread inside this process (server embedded mode).
+
+    When the server exits (Ctrl-C or SIGTERM stop Daphne's reactor, then the interpreter runs its
+    exit hooks) the worker stops claiming and gives its runs back to the queue, as a standalone
+    worker does on SIGTERM; a short grace keeps the whole exit within a few seconds.
+    """
+    kwargs.setdefault(
+        "shutdown_grace", min(EMBEDDED_SHUTDOWN_GRACE, settings.RUNS_SHUTDOWN_GRACE_SECONDS)
+    )
     worker = Worker(**kwargs)
     thread = threading.Thread(
         target=worker.run_forever, name="runsite-embedded-worker", daemon=True
     )
     thread.start()
+
+    def stop_at_exit() -> None:
+        worker.stop()
+        worker.wait_stopped(timeout=worker.shutdown_grace + 2.0)
+
+    atexit.register(stop_at_exit)
     return worker

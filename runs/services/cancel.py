@@ -170,11 +170,14 @@ def runs_cancel_many(
     pinned_resource_id: str | None = None,
     queryset: QuerySet | None = None,
     reason: str = "",
+    include_suspended: bool = True,
 ) -> BulkCancelResult:
     """Cancel many runs: by ids (optionally on one thread), by status, or by a filtered queryset.
 
-    `status` is pending, running, suspended or all (every active run). Finished runs among the
-    ids are skipped, not an error: a bulk action must not fail because one run just ended.
+    `status` is pending, running, suspended or all (pending + running). By ids or queryset,
+    runs waiting for a human are included unless `include_suspended=False` (the dashboard asks
+    first); by thread only pending and running ones. Finished runs among the ids are skipped,
+    not an error: a bulk action must not fail because one run just ended.
     """
     _validate_choice(action, CancelAction.values, "action")
     if status is not None and (run_ids is not None or thread_id is not None):
@@ -186,14 +189,16 @@ def runs_cancel_many(
     qs = qs.filter(parent_run__isnull=True)
     if status is not None:
         _validate_choice(status, ("pending", "running", "suspended", "all"), "status")
-        statuses = ACTIVE_STATUSES if status == "all" else (status,)
+        # "all" is LangGraph's: pending + running. Runs waiting for a human are cancelled only
+        # when asked for by name ("suspended") or by id, never swept up with everything else.
+        statuses = (RunStatus.PENDING, RunStatus.RUNNING) if status == "all" else (status,)
         qs = qs.filter(status__in=statuses)
     elif run_ids is not None:
         qs = qs.filter(id__in=list(run_ids), status__in=ACTIVE_STATUSES)
         if thread_id is not None:
             qs = qs.filter(thread_id=thread_id)
     elif thread_id is not None:
-        qs = qs.filter(thread_id=thread_id, status__in=ACTIVE_STATUSES)
+        qs = qs.filter(thread_id=thread_id, status__in=(RunStatus.PENDING, RunStatus.RUNNING))
     elif queryset is None:
         raise ValidationFailed(
             "Give run_ids, thread_id or status",
@@ -203,6 +208,8 @@ def runs_cancel_many(
         )
     else:
         qs = qs.filter(status__in=ACTIVE_STATUSES)
+    if not include_suspended:
+        qs = qs.exclude(status=RunStatus.SUSPENDED)
     if pinned_resource_id is not None:
         qs = qs.filter(resource_id=pinned_resource_id)
 

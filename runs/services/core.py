@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, Exists, F, Q, QuerySet, Value, When
+from django.db.models import Case, DateTimeField, Exists, F, Q, QuerySet, Value, When
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
@@ -26,6 +26,7 @@ from runs.contracts import Actor, FenceResult, Lease, actor_name
 from runs.engine import wakeup
 from runs.exceptions import LeaseLost, NotFound, ValidationFailed
 from runs.models import (
+    ACTIVE_STATUSES,
     TERMINAL_STATUSES,
     AuditEntry,
     Checkpoint,
@@ -220,11 +221,27 @@ def _refresh_thread(
         When(Exists(runs.filter(status=RunStatus.SUSPENDED)), then=Value(ThreadStatus.INTERRUPTED)),
         default=Value(idle),
     )
-    update: dict[str, Any] = {"status": status, "updated_at": _now()}
+    now = _now()
+    update: dict[str, Any] = {"status": status, "updated_at": now}
+    # A stateless run's thread expires once nothing on it is in flight (the reaper deletes it
+    # after a grace period, so a stream or join that is reading the end still finds it).
+    # Twin: the `thread` CTE of finish._FINISH_SQL_POSTGRES.
+    update["expires_at"] = Case(
+        When(
+            Q(delete_when_done=True, expires_at__isnull=True)
+            & ~Exists(runs.filter(status__in=ACTIVE_STATUSES)),
+            then=Value(stateless_expiry(now), output_field=DateTimeField()),
+        ),
+        default=F("expires_at"),
+    )
     if values is not _UNSET:
         update["values"] = values
     rows = _update_returning(Thread.objects.filter(id=thread_id), ["status"], **update)
     return rows[0][0] if rows else None
+
+
+def stateless_expiry(now: datetime) -> datetime:
+    return now + timedelta(seconds=settings.RUNS_STATELESS_KEEP_SECONDS)
 
 
 def _check_scope(obj: Thread | Run, pinned_resource_id: str | None, what: str) -> None:

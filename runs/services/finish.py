@@ -36,6 +36,7 @@ from runs.services.core import (
     _refresh_thread,
     _validate_choice,
     logger,
+    stateless_expiry,
 )
 from runs.services.steps import _step_event, _write_steps
 
@@ -128,7 +129,15 @@ WITH f AS (
                              AND o.parent_run_id IS NULL AND o.id <> %(run)s
                              AND o.status = 'suspended') THEN 'interrupted'
              ELSE 'idle' END,
-           values = %(values)s::jsonb, updated_at = %(now)s
+           values = %(values)s::jsonb, updated_at = %(now)s,
+           -- A stateless run's thread expires once nothing on it is in flight (twin:
+           -- core._refresh_thread, which also holds the status rule above in the ORM).
+           expires_at = CASE
+             WHEN runs_thread.delete_when_done AND runs_thread.expires_at IS NULL
+                  AND NOT EXISTS (SELECT 1 FROM runs_run o WHERE o.thread_id = %(thread)s
+                                     AND o.parent_run_id IS NULL AND o.id <> %(run)s
+                                     AND o.status IN ('pending', 'running', 'suspended'))
+             THEN %(expires)s ELSE runs_thread.expires_at END
      WHERE id = %(thread)s AND EXISTS (SELECT 1 FROM f)
 )
 SELECT last_seq, cancel_action FROM f
@@ -144,12 +153,14 @@ def _finish_success_postgres(
 ) -> FenceResult:
     """The common end of a run as two statements: lock the thread, then one statement that
     fences and ends the run, writes its last steps and events, and updates the thread."""
+    now = _now()
     params = {
         "run": lease.run_id,
         "owner": lease.owner,
         "attempt": lease.attempt,
         "thread": lease.thread_id,
-        "now": _now(),
+        "now": now,
+        "expires": stateless_expiry(now),
         "output": None if output is None else json.dumps(output, allow_nan=False),
         "values": json.dumps(values, allow_nan=False),
         "n_events": len(all_events),

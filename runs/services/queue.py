@@ -14,10 +14,12 @@ from django.db.models import F, Q
 from runs import metrics
 from runs.contracts import ClaimedRun, Lease
 from runs.models import (
+    ACTIVE_STATUSES,
     CancelAction,
     Run,
     RunEvent,
     RunStatus,
+    Thread,
 )
 from runs.services.cancel import _apply_cancel
 from runs.services.core import (
@@ -25,6 +27,7 @@ from runs.services.core import (
     _insert_events,
     _is_postgres,
     _lock_run_if,
+    _lock_thread,
     _lock_timeout,
     _notify,
     _now,
@@ -53,6 +56,11 @@ WITH candidate AS (
                     ORDER BY o.created_at, o.id LIMIT 1)
        AND (SELECT o.id FROM runs_run o
              WHERE o.thread_id = r.thread_id AND o.status = 'running' LIMIT 1) IS NULL
+       -- A run waiting for a human holds its thread too: it continues before anything queued
+       -- behind it (run_thread_suspended_idx).
+       AND (SELECT o.id FROM runs_run o
+             WHERE o.thread_id = r.thread_id AND o.status = 'suspended'
+               AND o.parent_run_id IS NULL LIMIT 1) IS NULL
      ORDER BY r.created_at, r.id
      LIMIT %(limit)s
      FOR UPDATE OF r SKIP LOCKED
@@ -76,7 +84,7 @@ SELECT claimed.*, base.id AS base_checkpoint_id, base.values AS base_values
          WHERE c.thread_id = claimed.thread_id
          ORDER BY c.created_at DESC, c.id DESC LIMIT 1) base ON claimed.fresh
 """
-# One statement, one round trip: pick (the CTE is an optimisation fence: with `WHERE id IN
+# Twin: _claim_sqlite below (same rules, SQLite has no SKIP LOCKED). One statement, one round trip: pick (the CTE is an optimisation fence: with `WHERE id IN
 # (subquery … LIMIT)` the planner may re-run the subquery per row and lock more rows than
 # LIMIT, as Oban's engine notes), claim, write the `started` events, and fetch the thread state
 # a fresh run starts from.
@@ -135,12 +143,14 @@ def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
 def _claim_sqlite(
     *, owner: str, limit: int, now: datetime, expires: datetime, deadline: datetime
 ) -> list[Run]:
-    # SQLite serialises writers (IMMEDIATE transactions), so a read-then-conditional-update in
-    # one transaction cannot race; there is no SKIP LOCKED to need.
+    # Twin of _CLAIM_SQL_POSTGRES. SQLite serialises writers (IMMEDIATE transactions), so a
+    # read-then-conditional-update in one transaction cannot race; there is no SKIP LOCKED to
+    # need. A thread is held by its running run or by a run waiting for a human.
     busy_threads = set(
-        Run.objects.filter(status=RunStatus.RUNNING, thread__isnull=False).values_list(
-            "thread_id", flat=True
-        )
+        Run.objects.filter(
+            Q(status=RunStatus.RUNNING) | Q(status=RunStatus.SUSPENDED, parent_run__isnull=True),
+            thread__isnull=False,
+        ).values_list("thread_id", flat=True)
     )
     seen: set[UUID] = set()
     chosen: list[UUID] = []
@@ -215,12 +225,12 @@ def runs_reap(*, max_attempts: int | None = None) -> dict[str, int]:
     except OperationalError as exc:
         # A lock held by a frozen process: try again on the next round rather than hang.
         logger.warning("reaper: skipped a round (%s)", exc)
-        return {"requeued": 0, "failed": 0, "cancelled": 0, "timed_out": 0}
+        return {"requeued": 0, "failed": 0, "cancelled": 0, "timed_out": 0, "threads_deleted": 0}
 
 
 def _reap(max_attempts: int) -> dict[str, int]:
     now = _now()
-    counts = {"requeued": 0, "failed": 0, "cancelled": 0, "timed_out": 0}
+    counts = {"requeued": 0, "failed": 0, "cancelled": 0, "timed_out": 0, "threads_deleted": 0}
     expired = Q(status=RunStatus.RUNNING, lease_expires_at__lt=now, parent_run__isnull=True)
 
     # A pending cancel request wins over a retry: the user asked for the run to stop.
@@ -290,7 +300,31 @@ def _reap(max_attempts: int) -> dict[str, int]:
                 _finish_locked(run, status=RunStatus.TIMEOUT, error=error, kind="finished")
                 counts["timed_out"] += 1
                 metrics.REAPED.labels("timed_out").inc()
+
+    counts["threads_deleted"] = _delete_expired_threads(now)
     return counts
+
+
+def _delete_expired_threads(now: datetime, batch: int = 100) -> int:
+    """Delete stateless runs' temporary threads whose grace period is over (with their runs,
+    checkpoints, events and tool calls; the audit log stays)."""
+    deleted = 0
+    for thread_id in Thread.objects.filter(expires_at__lt=now).values_list("id", flat=True)[:batch]:
+        with transaction.atomic():
+            _lock_timeout()
+            _lock_thread(thread_id)
+            runs = Run.objects.filter(thread_id=thread_id)
+            # A run created on the thread meanwhile keeps it (expiry is re-armed when it ends).
+            if runs.filter(status__in=ACTIVE_STATUSES).exists():
+                Thread.objects.filter(id=thread_id).update(expires_at=None)
+                continue
+            for run in runs.filter(parent_run__isnull=True):
+                _publish(run, status="deleted", seq=run.last_seq + 1)
+            Thread.objects.filter(id=thread_id).delete()
+            deleted += 1
+    if deleted:
+        logger.info("reaper: deleted %d expired stateless thread(s)", deleted)
+    return deleted
 
 
 def run_release(*, lease: Lease) -> bool:

@@ -10,8 +10,9 @@ from django.db import transaction
 
 from runs.contracts import Actor, Lease, actor_name
 from runs.engine.registry import get_agent
-from runs.exceptions import Conflict, NotFound, ValidationFailed
+from runs.exceptions import Conflict, NotFound, Unsupported, ValidationFailed
 from runs.models import (
+    ACTIVE_STATUSES,
     TERMINAL_STATUSES,
     MultitaskStrategy,
     Run,
@@ -53,8 +54,10 @@ def run_create(
 ) -> Run:
     """Create a run (or, with `command.resume`, resume the thread's suspended run).
 
-    Without a thread the run is stateless: it gets a temporary thread, deleted at the end when
-    `kwargs["on_completion"]` is "delete" (the default).
+    Without a thread the run is stateless: it gets a temporary thread, deleted (with its runs,
+    checkpoints and events) RUNS_STATELESS_KEEP_SECONDS after the run ends, unless
+    `kwargs["on_completion"]` is "keep". A run in flight on the thread (pending, running, or
+    suspended: a run waiting for a human holds its thread) is handled by `multitask_strategy`.
     """
     agent = get_agent(agent_id)
     _validate_choice(multitask_strategy, MultitaskStrategy.values, "multitask_strategy")
@@ -64,12 +67,23 @@ def run_create(
             "after_seconds must be between 0 and one year",
             errors=[{"field": "after_seconds", "message": "out of range"}],
         )
-    if command:
-        if "resume" not in command:
-            raise ValidationFailed(
-                "command supports only 'resume' (update and goto are not available)",
-                errors=[{"field": "command", "message": "only 'resume' is supported"}],
+    kwargs = dict(kwargs or {})
+    on_completion = kwargs.get("on_completion")
+    if on_completion is not None:
+        if thread_id is not None:
+            raise Unsupported(
+                "on_completion", "on_completion applies only to stateless runs (without a thread)"
             )
+        _validate_choice(on_completion, ("delete", "keep"), "on_completion")
+    if command:
+        for name in ("update", "goto"):
+            if command.get(name) is not None:
+                raise Unsupported(
+                    f"command.{name}",
+                    f"command.{name} is not supported for Runsite agents (only command.resume)",
+                )
+        if command.get("resume") is None:
+            raise ValidationFailed.field("command", "command needs 'resume'")
         if thread_id is None:
             raise ValidationFailed(
                 "You must provide a thread_id when resuming.",
@@ -89,15 +103,15 @@ def run_create(
         )
     _check_json_size(input, "input")
     _check_json_size(metadata or {}, "metadata")
-    kwargs = dict(kwargs or {})
 
     with transaction.atomic():
         if thread_id is None:
+            kwargs.setdefault("on_completion", "delete")
             thread = Thread.objects.create(
                 metadata={"stateless": True, "graph_id": agent_id},
                 resource_id=pinned_resource_id,
+                delete_when_done=kwargs["on_completion"] == "delete",
             )
-            kwargs.setdefault("on_completion", "delete")
         else:
             thread = Thread.objects.filter(id=thread_id).first()
             if thread is None or (
@@ -116,7 +130,7 @@ def run_create(
             .filter(
                 thread_id=thread.id,
                 parent_run__isnull=True,
-                status__in=(RunStatus.PENDING, RunStatus.RUNNING),
+                status__in=ACTIVE_STATUSES,
             )
             .order_by("id")
         )
@@ -154,7 +168,7 @@ def run_create(
                     old,
                     action=multitask_strategy,
                     actor=actor,
-                    reason=f"multitask_strategy={multitask_strategy} by run {run.id}",
+                    reason=f"replaced by run {run.id} (multitask_strategy={multitask_strategy})",
                 )
         _refresh_thread(thread.id)
         _notify(QUEUE_CHANNEL)

@@ -13,7 +13,6 @@ from runs.models import (
     ACTIVE_STATUSES,
     Checkpoint,
     Run,
-    RunStatus,
     Thread,
 )
 from runs.services.core import (
@@ -118,9 +117,11 @@ def thread_update_state(*, thread: Thread, values: Any, actor: Actor) -> Checkpo
     _check_json_size(values, "values")
     with transaction.atomic():
         _lock_thread(thread.id)
+        # A run waiting for a human holds the thread: its snapshot would overwrite this edit.
         if Run.objects.filter(
-            thread_id=thread.id, status__in=(RunStatus.PENDING, RunStatus.RUNNING)
+            thread_id=thread.id, parent_run__isnull=True, status__in=ACTIVE_STATUSES
         ).exists():
+            # LangGraph's wording, so clients that match on it keep working.
             raise Conflict(f"Thread {thread.id} has in-flight runs", code="thread_busy")
         parent = (
             Checkpoint.objects.filter(thread_id=thread.id).order_by("-created_at", "-id").first()
