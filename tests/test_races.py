@@ -125,3 +125,52 @@ def test_a_cancel_racing_a_suspension_always_ends_cancelled(support) -> None:
             ToolCallStatus.AWAITING_APPROVAL,
             ToolCallStatus.PROPOSED,
         )
+
+
+def test_a_decision_racing_a_new_run_on_the_thread_loses_nothing(drain, reviewer) -> None:
+    """Approve the waiting refund while an echo run is created on the same thread: whichever
+    commits first, the refund finishes before the echo run starts, from the refund's state."""
+    for _ in range(5):
+        thread = services.thread_create()
+        refund = services.run_create(
+            agent_id="refund", thread_id=thread.id, input={"order_id": "Q", "amount": 2}, actor="t"
+        )
+        drain()
+        assert Run.objects.get(id=refund.id).status == RunStatus.SUSPENDED
+        approved, created = race(
+            lambda refund=refund: services.tool_call_approve(run=refund, actor=reviewer),
+            lambda thread=thread: services.run_create(
+                agent_id="echo", thread_id=thread.id, input={"x": 1}, actor="t"
+            ),
+        )
+        assert not isinstance(approved, Exception), approved
+        assert not isinstance(created, Exception), created
+        drain()
+        refund_run, echo_run = Run.objects.get(id=refund.id), Run.objects.get(id=created.id)
+        assert refund_run.status == echo_run.status == RunStatus.SUCCESS
+        assert echo_run.started_at >= refund_run.finished_at
+        refund_last = refund_run.checkpoints.order_by("-step").first()
+        assert echo_run.checkpoints.order_by("step").first().parent_id == refund_last.id
+
+
+def test_reject_racing_a_decision_always_refuses(drain, reviewer) -> None:
+    """A decision puts the run back in the queue; either way the thread is in flight."""
+    for _ in range(5):
+        thread = services.thread_create()
+        refund = services.run_create(
+            agent_id="refund", thread_id=thread.id, input={"order_id": "R", "amount": 2}, actor="t"
+        )
+        drain()
+        approved, created = race(
+            lambda refund=refund: services.tool_call_approve(run=refund, actor=reviewer),
+            lambda thread=thread: services.run_create(
+                agent_id="echo",
+                thread_id=thread.id,
+                input={},
+                actor="t",
+                multitask_strategy="reject",
+            ),
+        )
+        assert not isinstance(approved, Exception), approved
+        assert isinstance(created, Conflict)
+        assert Run.objects.filter(thread_id=thread.id).count() == 1

@@ -542,6 +542,28 @@ async def test_it_pauses_for_a_human_and_resumes_with_command(client: Any) -> No
     assert "Paris" in str(done["output"])
 
 
+async def test_a_run_waiting_for_a_human_holds_its_thread(client: Any) -> None:
+    tid = (await client.threads.create())["thread_id"]
+    paused = await client.runs.wait(tid, "refund", input={"order_id": "H-1", "amount": 4})
+    assert paused["__interrupt__"]
+    with pytest.raises(ConflictError, match=REJECT_TEXT):
+        await client.runs.create(tid, "echo", input={"x": 1}, multitask_strategy="reject")
+    with pytest.raises(ConflictError):
+        await client.threads.update_state(tid, {"note": "meanwhile"})
+    queued = await client.runs.create(tid, "echo", input={"after": "review"})
+    await asyncio.sleep(0.5)
+    assert await status_of(client, tid, queued["run_id"]) == "pending"  # behind the review
+
+    resumed = await client.runs.wait(tid, "refund", command={"resume": {"approved": True}})
+    assert resumed["output"]["refunded"] is True
+    await client.runs.join(tid, queued["run_id"])
+    assert await status_of(client, tid, queued["run_id"]) == "success"
+    state = await client.threads.get_state(tid)
+    # The echo run continued from the refund run's state: both runs' messages are there.
+    texts = str(state["values"])
+    assert "H-1" in texts and "review" in texts
+
+
 async def test_it_resumes_several_pending_calls_with_a_map_and_streams_the_interrupt(
     client: Any,
 ) -> None:
