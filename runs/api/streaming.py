@@ -18,12 +18,12 @@ from typing import Any
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
-from channels.layers import get_channel_layer
 from django.db import connection
 from django.http import StreamingHttpResponse
 
-from runs import live, selectors, services
+from runs import selectors, services
 from runs.exceptions import RunsError, ValidationFailed
+from runs.hub import hub
 from runs.models import RunEvent, RunStatus
 
 logger = logging.getLogger("runs.api")
@@ -76,25 +76,6 @@ class _Heartbeat:
 HEARTBEAT = _Heartbeat()
 
 
-_keepalive: dict[int, asyncio.Task] = {}
-
-
-async def _keep_layer_listening(layer: Any) -> None:
-    # channels_redis's pub/sub receiver sleeps 0.1 s between polls whenever the process holds
-    # no subscription at all, which adds up to 100 ms to the first wake-up after an idle spell.
-    # One channel that is always being received keeps it subscribed (and prompt).
-    channel = await layer.new_channel()
-    while True:
-        await layer.receive(channel)
-
-
-def _ensure_keepalive(layer: Any) -> None:
-    loop = asyncio.get_running_loop()
-    task = _keepalive.get(id(loop))
-    if task is None or task.done():
-        _keepalive[id(loop)] = loop.create_task(_keep_layer_listening(layer))
-
-
 class RunFollower:
     """Yields a run's events after `after` (or heartbeats) until it stops or is deleted."""
 
@@ -115,40 +96,18 @@ class RunFollower:
         self.status: str | None = None
         self.attempt = 0
         self._wake = asyncio.Event()
-        self._layer: Any = None
-        self._channel: str | None = None
-        self._pump: asyncio.Task | None = None
+        self._watch: contextlib.AbstractAsyncContextManager[asyncio.Event] | None = None
 
     async def __aenter__(self) -> RunFollower:
-        # Subscribe before the first read, so a change between the read and the wait still
-        # wakes us.
-        self._layer = get_channel_layer()
-        if self._layer is not None:
-            try:
-                _ensure_keepalive(self._layer)
-                self._channel = await self._layer.new_channel()
-                await self._layer.group_add(live.run_group(self.run_id), self._channel)
-                self._pump = asyncio.create_task(self._receive_forever())
-            except Exception:
-                logger.warning("stream: channel layer unavailable; polling", exc_info=True)
-                self._channel = None
+        # Registered with this process's hub before the first read, so a change committed
+        # between the read and the wait still wakes us (no channel-layer call per request).
+        self._watch = hub().watch(self.run_id)
+        self._wake = await self._watch.__aenter__()
         return self
 
-    async def _receive_forever(self) -> None:
-        # A separate task: cancelling a pending receive() makes the Redis pub/sub layer drop
-        # the channel's subscription, so receive() is only cancelled once, at the end.
-        while True:
-            await self._layer.receive(self._channel)
-            self._wake.set()
-
     async def __aexit__(self, *exc: Any) -> None:
-        if self._pump is not None:
-            self._pump.cancel()
-            with contextlib.suppress(BaseException):
-                await self._pump
-        if self._channel is not None:
-            with contextlib.suppress(Exception):
-                await self._layer.group_discard(live.run_group(self.run_id), self._channel)
+        if self._watch is not None:
+            await self._watch.__aexit__(None, None, None)
 
     def _read(self, limit: int) -> tuple[str | None, int, list[RunEvent]]:
         status, attempt, events = selectors.run_stream_state(
