@@ -29,15 +29,15 @@ from django.http import QueryDict
 from runs import metrics, selectors
 from runs.exceptions import NotFound
 from runs.forms import PAGE_SIZE, InboxFilterForm, RunFilterForm
-from runs.fragments import Fragments
+from runs.fragments import Fragments, RunPushState
 from runs.live import RUNS_GROUP, run_group, thread_group
+from runs.live_lists import plan_rows, relevant_changes
 from runs.models import TERMINAL_STATUSES
+from runs.permissions import can_use_dashboard, permission_key
 
 logger = logging.getLogger(__name__)
 
 MAX_WATCHED = 100
-# Statuses a run can have right after entering or leaving the suspended state.
-INBOX_RELEVANT = {"suspended", "pending", "interrupted", "deleted"}
 
 
 _shared_renders: dict[tuple, asyncio.Future] = {}
@@ -68,7 +68,7 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         self.groups_joined: list[str] = []
         self._pending: dict[str, dict[str, Any]] = {}
         self._flush_task: asyncio.Task[None] | None = None
-        if self.user is None or not self.user.is_authenticated:
+        if not can_use_dashboard(self.user):
             # Closing before accept() refuses the handshake (the browser sees HTTP 403).
             await self.close()
             return
@@ -115,14 +115,14 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         """What a render depends on, when sockets of this process may share it (None: never)."""
         return None
 
-    def render_shared(self, changes: list[dict[str, Any]]) -> tuple[str, Any]:
+    def render_shared(self, changes: list[dict[str, Any]]) -> tuple[str | list[str], Any]:
         """Render, returning the html and the state the render leaves (adopted by sharers)."""
         return self.render(changes), None
 
     def adopt(self, state: Any) -> None:
         pass
 
-    async def _render(self, changes: list[dict[str, Any]]) -> str:
+    async def _render(self, changes: list[dict[str, Any]]) -> str | list[str]:  # frames
         key = self.cache_key(changes)
         if key is None:
             return await database_sync_to_async(self.render)(changes)
@@ -163,8 +163,9 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
                     # change (or its poll) and the error is in the log.
                     logger.exception("live: rendering a push failed")
                     continue
-                if html:
-                    await self.send(text_data=html)
+                for frame in [html] if isinstance(html, str) else html:
+                    if frame:
+                        await self.send(text_data=frame)
         finally:
             self._flush_task = None
 
@@ -176,7 +177,8 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
     async def catch_up(self) -> None:
         return None
 
-    def render(self, changes: list[dict[str, Any]]) -> str:
+    def render(self, changes: list[dict[str, Any]]) -> str | list[str]:
+        """The frames to send (one html string, or several sent in order)."""
         raise NotImplementedError
 
 
@@ -184,16 +186,17 @@ class RunsConsumer(_BatchingConsumer):
     """Overview, inbox and runs pages (group `runs`), and a thread page (`thread.<id>`)."""
 
     def prepare(self) -> list[str]:
-        # load the permission cache once, here, in a thread
-        perms = self.user.get_all_permissions()
-        self.permission_key = (frozenset(perms), self.user.is_staff, self.user.is_superuser)
+        # loads the permission cache once, here, in a thread
+        self.permission_key = permission_key(self.user)
         self.fragments = Fragments(self.user)
+        self._sent_regions: dict[str, int] = {}
         self.watched: set[str] = set()
         thread_id = self.scope["url_route"]["kwargs"].get("thread_id")
         if thread_id is not None:
             self.view = "thread"
             self.thread_id = thread_id
-            self.batch_seconds = 0.3
+            # A busy run writes a checkpoint per step: the thread page follows once a second.
+            self.batch_seconds = 1.0
             return [thread_group(thread_id)]
         self.view = self.params.get("view", "runs")
         if self.view == "overview":
@@ -262,8 +265,8 @@ class RunsConsumer(_BatchingConsumer):
             self.queue({"run_id": run_id, "seq": 0, "status": "watch"})
 
     def cache_key(self, changes: list[dict[str, Any]]) -> tuple | None:
-        if self.watched:
-            return None  # following the reviewer's own decisions: personal
+        if self.watched or self.view == "thread":
+            return None  # personal: the reviewer's own decisions, the regions this page has
         params = tuple(sorted((k, tuple(v)) for k, v in self.params.lists() if k != "at"))
         return (
             self.view,
@@ -290,8 +293,18 @@ class RunsConsumer(_BatchingConsumer):
                 page = selectors.thread_page(UUID(str(self.thread_id)))
             except NotFound:
                 return self.fragments.flash("This thread was deleted.", "warning")
-            return self.fragments.thread_regions(page)
+            return self._unsent(self.fragments.thread_region_list(page))
         return self._render_list(changes)
+
+    def _unsent(self, regions: list[tuple[str, str]]) -> str:
+        """Only the regions whose html differs from what this socket sent last."""
+        parts = []
+        for dom_id, html in regions:
+            digest = hash(html)
+            if self._sent_regions.get(dom_id) != digest:
+                self._sent_regions[dom_id] = digest
+                parts.append(html)
+        return "\n".join(parts)
 
     def _render_list(self, changes: list[dict[str, Any]]) -> str:
         """Rows to insert, update or delete for a batch of changed runs, then the total.
@@ -302,54 +315,40 @@ class RunsConsumer(_BatchingConsumer):
         """
         inbox = self.view == "inbox"
         prefix = "inbox-row-" if inbox else "run-row-"
-        changes = [
-            c for c in changes if not c.get("parent_run_id") or not self.filters.top_level_only
-        ]
+        changes = relevant_changes(changes, top_level_only=self.filters.top_level_only)
         if not changes:
             return ""
         ids = [UUID(c["run_id"]) for c in changes if c.get("status") != "deleted"]
         matching = {str(i) for i in self.queryset.filter(id__in=ids).values_list("id", flat=True)}
-        start = (self.page - 1) * PAGE_SIZE
-        plan: list[tuple[str, str, int | None, int]] = []  # (run_id, action, insert_at, seq)
-        membership_changed = False
-        for change in changes:
-            run_id, seq = change["run_id"], int(change.get("seq") or 0)
-            relevant = bool(change["statuses"] & INBOX_RELEVANT)
-            if run_id not in matching:
-                if inbox and run_id in self.watched and change.get("status") != "deleted":
-                    plan.append((run_id, "decided", None, seq))
-                    membership_changed = membership_changed or run_id in self.shown or relevant
-                    self.shown.discard(run_id)
-                elif run_id in self.shown or relevant or change.get("status") == "deleted":
-                    plan.append((run_id, "delete", None, seq))
-                    self.shown.discard(run_id)
-                    membership_changed = True
-                continue
-            if run_id in self.shown and not inbox:
-                plan.append((run_id, "update", None, seq))  # created_at order never changes
-                continue
-            membership_changed = membership_changed or run_id not in self.shown or relevant
-            position = selectors.run_list_position(self.queryset, UUID(run_id), self.ordering)
-            if position is not None and start <= position < start + PAGE_SIZE:
-                plan.append((run_id, "row", position - start, seq))
-                self.shown.add(run_id)
-            elif run_id in self.shown:
-                plan.append((run_id, "delete", None, seq))
-                self.shown.discard(run_id)
+        plan = plan_rows(
+            changes,
+            inbox=inbox,
+            shown=self.shown,
+            watched=self.watched,
+            matching=matching,
+            position=lambda run_id: selectors.run_list_position(
+                self.queryset, UUID(run_id), self.ordering
+            ),
+            start=(self.page - 1) * PAGE_SIZE,
+            page_size=PAGE_SIZE,
+        )
+        self.shown = plan.shown
         parts = []
-        rows = self._rows([rid for rid, action, _, _ in plan if action != "delete"])
-        for run_id, action, insert_at, seq in plan:
-            run = rows.get(run_id)
-            if action == "delete" or run is None:
-                parts.append(self.fragments.row_delete(f"{prefix}{run_id}", seq))
+        rows = self._rows(plan.rendered_ids)
+        for step in plan.actions:
+            run = rows.get(step.run_id)
+            if step.action == "delete" or run is None:
+                parts.append(self.fragments.row_delete(f"{prefix}{step.run_id}", step.seq))
             elif inbox:
-                decided = action == "decided"
+                decided = step.action == "decided"
                 if decided and run.status in TERMINAL_STATUSES:
-                    self.watched.discard(run_id)
-                parts.append(self.fragments.inbox_row(run, insert_at=insert_at, decided=decided))
+                    self.watched.discard(step.run_id)
+                parts.append(
+                    self.fragments.inbox_row(run, insert_at=step.insert_at, decided=decided)
+                )
             else:
-                parts.append(self.fragments.run_row(run, insert_at=insert_at))
-        if membership_changed:
+                parts.append(self.fragments.run_row(run, insert_at=step.insert_at))
+        if plan.membership_changed:
             total = self.queryset.count()
             noun = "waiting run" if inbox else "run"
             parts.append(
@@ -392,9 +391,10 @@ class RunConsumer(_BatchingConsumer):
         self.fragments = Fragments(self.user)
         self.run_id = self.scope["url_route"]["kwargs"]["run_id"]
         try:
-            self.sent_seq = max(0, int(self.params.get("seq", "0")))
+            seq = max(0, int(self.params.get("seq", "0")))
         except ValueError:
-            self.sent_seq = 0
+            seq = 0
+        self.sent = RunPushState(seq=seq, checkpoint_step=_int_param(self.params, "step"))
         self._io_status: str | None = None
         self._io_at = 0.0
         return [run_group(self.run_id)]
@@ -403,7 +403,7 @@ class RunConsumer(_BatchingConsumer):
         # Render once now: if the run moved on since the page was rendered, this sends it.
         self.queue({"run_id": str(self.run_id), "seq": 0, "status": "catch_up"})
 
-    def render(self, changes: list[dict[str, Any]]) -> str:
+    def render(self, changes: list[dict[str, Any]]) -> str | list[str]:
         mine = [c for c in changes if c.get("run_id") == str(self.run_id)]
         deleted = next((c for c in mine if c.get("status") == "deleted"), None)
         if deleted is not None:
@@ -413,16 +413,18 @@ class RunConsumer(_BatchingConsumer):
         except NotFound:
             return self.fragments.run_deleted(self.run_id, 2**31 - 1)
         others = len(mine) < len(changes)  # a sub-agent run changed
-        if page.run.last_seq <= self.sent_seq and not others:
+        if page.run.last_seq <= self.sent.seq and not others:
             self._io_status = self._io_status or page.run.status
             return ""  # nothing the page does not show already
         now = time.monotonic()
         with_io = page.run.status != self._io_status or now - self._io_at >= self.io_every_seconds
         if with_io:
             self._io_status, self._io_at = page.run.status, now
-        html = self.fragments.run_regions(page, timeline_after=self.sent_seq, with_io=with_io)
-        # The run row is read before its events: events can be newer than the row (a commit in
-        # between). Remember the row's seq, so the next change re-renders the regions; the
-        # browser drops timeline events it already has.
-        self.sent_seq = max(self.sent_seq, page.run.last_seq)
-        return html
+        return self.fragments.run_push(page, self.sent, with_io=with_io)
+
+
+def _int_param(params: QueryDict, name: str) -> int | None:
+    try:
+        return max(0, int(params.get(name, "")))
+    except ValueError:
+        return None

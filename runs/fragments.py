@@ -13,7 +13,8 @@ for a set of permissions: sockets share a render only with sockets of the same p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -24,17 +25,13 @@ from django.urls import reverse
 
 from runs import selectors
 from runs.forms import DeclineForm, SchemaForm
-from runs.models import Run, RunStatus, ToolCall, ToolCallStatus
+from runs.models import Run, RunEvent, RunStatus, ToolCall, ToolCallStatus
+from runs.permissions import can_cancel, can_review
+
+__all__ = ["CallForms", "Card", "Fragments", "RunPushState", "can_cancel", "can_review"]
 
 T = "runs/_fragments/"
-
-
-def can_review(user: Any) -> bool:
-    return bool(user.has_perm("runs.review_run"))
-
-
-def can_cancel(user: Any) -> bool:
-    return bool(user.has_perm("runs.cancel_run"))
+EVENTS_PER_FRAME = 15
 
 
 @dataclass
@@ -71,6 +68,32 @@ class Card:
         return f"{self.tc.status}:{decided}:{int(self.open)}" + (
             ":bound" if self.forms.bound else ""
         )
+
+
+@dataclass
+class RunPushState:
+    """What one socket has sent to its run page, so that a push carries only what changed:
+    the events after `seq`, the header, and the other regions only when they changed."""
+
+    seq: int  # the run's last event number the page shows
+    card_tokens: dict[Any, str] | None = None  # None until the first push
+    actions_token: str | None = None
+    children_key: tuple | None = None
+    checkpoint_step: int | None = None  # the newest checkpoint step the page shows
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def tool_call_ids_named(events: Iterable[RunEvent]) -> set[str]:
+    """Tool calls that events mention (created, suspended on, decided, finished)."""
+    ids: set[str] = set()
+    for event in events:
+        data = event.data if isinstance(event.data, dict) else {}
+        if data.get("tool_call_id"):
+            ids.add(str(data["tool_call_id"]))
+        for item in data.get("tool_calls") or ():
+            if isinstance(item, dict):
+                ids.add(str(item.get("tool_call_id") or item.get("id") or ""))
+    return ids
 
 
 def tool_schema(run: Run, tc: ToolCall) -> dict[str, Any] | None:
@@ -189,7 +212,11 @@ class Fragments:
             )
             for tc in page.tool_calls
         ]
-        return {"page": page, "run": page.run, "cards": cards}
+        return {
+            "page": page,
+            "run": page.run,
+            "cards": cards,
+        }
 
     def run_regions(
         self,
@@ -199,43 +226,107 @@ class Fragments:
         forms: dict[Any, CallForms] | None = None,
         with_io: bool = True,
     ) -> str:
-        """Every region of the run page.
+        """Every region of the run page, whole (a re-fetch, a decision's answer).
 
-        A re-fetch (`timeline_after` None) replaces every region whole. A push sends tool call
-        cards one by one (each with a token, so an unchanged card keeps what a reviewer is
-        typing) and only the timeline events after `timeline_after`.
+        With `timeline_after` it is a push to a page that shows the events up to that seq.
         """
+        if timeline_after is not None:
+            sent = RunPushState(seq=timeline_after)
+            return "\n".join(self.run_push(page, sent, with_io=with_io))
         ctx = self.run_context(page, forms)
-        parts = [
-            self.render("run_header.html", **ctx),
-            self.render("run_actions.html", **ctx),
-            self.render("run_children.html", **ctx),
-            self.render("checkpoints.html", **ctx),
-        ]
+        return "\n".join(
+            self.render(name, **ctx)
+            for name in (
+                "run_header.html",
+                "run_actions.html",
+                "run_children.html",
+                "checkpoints.html",
+                "run_io.html",
+                "tool_calls.html",
+                "timeline.html",
+            )
+        )
+
+    def run_push(self, page: selectors.RunPage, sent: RunPushState, *, with_io: bool) -> list[str]:
+        """What a page that got `sent` so far needs: the header, the events after `sent.seq`
+        (appended), the tool call cards that are new or changed, and the other regions only
+        when they changed (`with_io`: input/output, state and checkpoints, throttled by the
+        caller). Updates `sent`. Returns websocket frames: the regions, then the new events
+        in chunks of EVENTS_PER_FRAME, oldest first, each continuing the one before (a page
+        that catches up after a while gets several small frames, not one big one).
+
+        Cards and events are bounded by the page's window (selectors.run_page); when more
+        events came than the window holds, the append says so (`data-after-seq` past what the
+        page shows) and the browser re-fetches its regions.
+        """
+        ctx = self.run_context(page)
+        run = page.run
+        parts = [self.render("run_header.html", **ctx)]
+        actions_token = f"{run.status}:{run.cancel_action or ''}"
+        if actions_token != sent.actions_token:
+            parts.append(self.render("run_actions.html", **ctx))
+            sent.actions_token = actions_token
+        children_key = (run.status, tuple((c.pk, c.status) for c in page.children))
+        if children_key != sent.children_key:
+            parts.append(self.render("run_children.html", **ctx))
+            sent.children_key = children_key
         if with_io:
             parts.append(self.render("run_io.html", **ctx))
-        if timeline_after is None:
-            parts.append(self.render("tool_calls.html", **ctx))
-        else:
-            parts.extend(
-                self.render("tool_call.html", run=page.run, page=page, card=card, insert_at=i)
-                for i, card in enumerate(ctx["cards"])
+        parts.append(self._checkpoints_push(page, sent, ctx))
+
+        new_events = [e for e in page.events if e.seq > sent.seq]
+        named = tool_call_ids_named(new_events)
+        known = sent.card_tokens
+        tokens: dict[Any, str] = {}
+        for card in ctx["cards"]:
+            tokens[card.tc.pk] = card.token
+            before = None if known is None else known.get(card.tc.pk)
+            if card.token == before:
+                continue
+            # Before the first push the page's own render is all we know: a card changed
+            # since then is named by an event. After it, a card not seen yet is a new one.
+            if before is None and known is None and card.tc.tool_call_id not in named:
+                continue
+            parts.append(
+                self.render("tool_call.html", run=run, page=page, card=card, insert_at="end")
             )
-        oldest_loaded = page.events[-1].seq if page.events else 0
-        if timeline_after is not None and (oldest_loaded <= timeline_after + 1 or not page.events):
-            new = [e for e in page.events if e.seq > timeline_after]
-            if new:
-                parts.append(
-                    self.render(
-                        "timeline.html#append",
-                        events=new,
-                        after_seq=timeline_after,
-                        run=page.run,
-                    )
+        sent.card_tokens = tokens
+
+        frames = ["\n".join(p for p in parts if p)]
+        if new_events:
+            oldest = new_events[-1].seq
+            # Contiguous with what the page shows, or a gap the browser re-fetches over.
+            after = sent.seq if oldest <= sent.seq + 1 else oldest - 1
+            for end in range(len(new_events), 0, -EVENTS_PER_FRAME):
+                chunk = new_events[max(0, end - EVENTS_PER_FRAME) : end]
+                frames.append(
+                    self.render("timeline.html#append", events=chunk, after_seq=after, run=run)
                 )
-        else:
-            parts.append(self.render("timeline.html", **ctx))
-        return "\n".join(parts)
+                after = chunk[0].seq
+        # The run row is read before its events, which can be newer (a commit in between):
+        # remember the row's seq, so the next change renders again; the browser drops
+        # events it already has.
+        sent.seq = max(sent.seq, run.last_seq)
+        return frames
+
+    def _checkpoints_push(
+        self, page: selectors.RunPage, sent: RunPushState, ctx: dict[str, Any]
+    ) -> str:
+        """New checkpoint rows (prepended) and the count; the region whole when the page had
+        none (no rows to prepend to)."""
+        newest = page.checkpoints[0].step if page.checkpoints else None
+        shown = sent.checkpoint_step
+        if newest is None or newest == shown:
+            return ""
+        sent.checkpoint_step = newest
+        if shown is None:
+            return self.render("checkpoints.html", **ctx)
+        new = [cp for cp in page.checkpoints if cp.step > shown]
+        oldest = new[-1].step if new else newest
+        after = shown if oldest <= shown + 1 or len(new) < len(page.checkpoints) else oldest - 1
+        return self.render(
+            "checkpoints.html#append", checkpoints=new, after_step=after, run=page.run
+        ) + self.render("checkpoints.html#count", page=page, count_oob=True)
 
     def tool_call_card(self, page: selectors.RunPage, tc: ToolCall, forms: CallForms) -> str:
         ctx = self.run_context(page, {tc.pk: forms})
@@ -287,12 +378,19 @@ class Fragments:
 
     # --- thread -----------------------------------------------------------------------------
 
-    def thread_regions(self, page: selectors.ThreadPage) -> str:
+    def thread_region_list(self, page: selectors.ThreadPage) -> list[tuple[str, str]]:
         ctx = {"tp": page, "thread": page.thread}
-        return "\n".join(
-            self.render(name, **ctx)
-            for name in ("thread_header.html", "thread_runs.html", "thread_checkpoints.html")
-        )
+        return [
+            (dom_id, self.render(f"{name}.html", **ctx))
+            for dom_id, name in (
+                ("thread-header", "thread_header"),
+                ("thread-runs", "thread_runs"),
+                ("thread-checkpoints", "thread_checkpoints"),
+            )
+        ]
+
+    def thread_regions(self, page: selectors.ThreadPage) -> str:
+        return "\n".join(html for _, html in self.thread_region_list(page))
 
 
 def run_url(run_id: UUID | str) -> str:

@@ -45,17 +45,9 @@ from runs.forms import (
     RunFilterForm,
     SchemaForm,
 )
-from runs.fragments import (
-    CallForms,
-    Fragments,
-    bound_forms,
-    can_cancel,
-    can_review,
-    form_id,
-    tool_schema,
-)
+from runs.fragments import CallForms, Fragments, bound_forms, form_id, tool_schema
 from runs.models import RunStatus, ToolCall
-from runs.templatetags.runs_ui import decision
+from runs.permissions import can_cancel, can_review
 
 View = Callable[..., HttpResponse]
 
@@ -320,7 +312,11 @@ def run_detail(request: HttpRequest, run_id: UUID) -> HttpResponse:
             **fragments.run_context(page),
             "oob": False,
             "nav": "runs",
-            "live_url": _live_url(f"/ws/runs/{run_id}/", seq=page.run.last_seq),
+            "live_url": _live_url(
+                f"/ws/runs/{run_id}/",
+                seq=page.run.last_seq,
+                step=page.checkpoints[0].step if page.checkpoints else None,
+            ),
         },
     )
 
@@ -334,11 +330,58 @@ def run_events(request: HttpRequest, run_id: UUID) -> HttpResponse:
     except ValueError:
         before = None
     page = _run_page(run_id, events_before=before)
-    return render(
-        request,
-        "runs/_fragments/timeline.html#older",
-        {"run": page.run, "events": page.events, "oob": False},
-    )
+    context = {"run": page.run, "events": page.events, "oob": False}
+    if not request.htmx:
+        # Without JavaScript "load older" is a link: a page of the older events.
+        return render(request, "runs/run_events.html", {**context, "nav": "runs"})
+    return render(request, "runs/_fragments/timeline.html#older", context)
+
+
+def _json_value(request: HttpRequest, title: str, back: str, value: Any) -> HttpResponse:
+    """A big JSON value a region offers on demand: the value (htmx) or a page around it."""
+    if request.htmx:
+        return render(request, "runs/json_value.html#value", {"value": value})
+    context = {"title": title, "back": back, "value": value, "nav": "runs", "oob": False}
+    return render(request, "runs/json_value.html", context)
+
+
+@require_GET
+@dashboard_view
+def run_state(request: HttpRequest, run_id: UUID) -> HttpResponse:
+    """The run's current state (its latest checkpoint's values)."""
+    run = _get_run(run_id)
+    checkpoint = selectors.latest_checkpoint(run_id=run.id)
+    value = checkpoint.values if checkpoint is not None else None
+    return _json_value(request, "Current state", reverse("runs:run_detail", args=[run.id]), value)
+
+
+@require_GET
+@dashboard_view
+def thread_values(request: HttpRequest, thread_id: UUID) -> HttpResponse:
+    thread = _get_thread(thread_id)
+    back = reverse("runs:thread_detail", args=[thread.id])
+    return _json_value(request, "Current values", back, thread.values)
+
+
+@require_GET
+@dashboard_view
+def thread_checkpoint_values(
+    request: HttpRequest, thread_id: UUID, checkpoint_id: UUID
+) -> HttpResponse:
+    thread = _get_thread(thread_id)
+    try:
+        checkpoint = selectors.thread_checkpoint(thread, checkpoint_id)
+    except NotFound:
+        raise Http404("Checkpoint not found") from None
+    back = reverse("runs:thread_detail", args=[thread.id])
+    return _json_value(request, f"Checkpoint {checkpoint.id}", back, checkpoint.values)
+
+
+def _get_thread(thread_id: UUID) -> Any:
+    try:
+        return selectors.thread_get(thread_id)
+    except NotFound:
+        raise Http404("Thread not found") from None
 
 
 def _card_response(
@@ -400,7 +443,7 @@ def _already_decided(request: HttpRequest, run_id: UUID) -> str:
         return ""
     if not tc.decided_by:
         return ""
-    return f"Already {decision(tc)} by {tc.decided_by}."
+    return f"Already {tc.decision} by {tc.decided_by}."
 
 
 def _done(request: HttpRequest, run_id: UUID, text: str, origin: str) -> HttpResponse:
@@ -424,16 +467,36 @@ def _missing(request: HttpRequest, run_id: UUID, origin: str) -> HttpResponse:
     return _decision_error(request, run_id, exc, origin)
 
 
-@require_POST
-@dashboard_view
-def tool_call_approve(request: HttpRequest, run_id: UUID) -> HttpResponse:
+DecisionView = Callable[[HttpRequest, UUID, ToolCall, str], HttpResponse]
+
+
+def decision_view(what: str) -> Callable[[DecisionView], View]:
+    """A POST deciding one tool call: review permission, then the call named by the form's
+    `tool_call_id`; the view gets it and where the decision came from (run page or inbox)."""
+
+    def decorate(view: DecisionView) -> View:
+        @require_POST
+        @dashboard_view
+        @wraps(view)
+        def wrapped(request: HttpRequest, run_id: UUID) -> HttpResponse:
+            if not can_review(request.user):
+                return _denied(request, what)
+            origin = _origin(request)
+            tc = _tool_call(request, run_id)
+            if tc is None:
+                return _missing(request, run_id, origin)
+            return view(request, run_id, tc, origin)
+
+        return wrapped
+
+    return decorate
+
+
+@decision_view("approve tool calls")
+def tool_call_approve(
+    request: HttpRequest, run_id: UUID, tc: ToolCall, origin: str
+) -> HttpResponse:
     """Approve, or (when the edit form is posted, `mode` set) edit the arguments and approve."""
-    if not can_review(request.user):
-        return _denied(request, "approve tool calls")
-    origin = _origin(request)
-    tc = _tool_call(request, run_id)
-    if tc is None:
-        return _missing(request, run_id, origin)
     edit_form = None
     args = None
     if request.POST.get("mode"):
@@ -458,15 +521,10 @@ def tool_call_approve(request: HttpRequest, run_id: UUID) -> HttpResponse:
     return _done(request, run_id, text, origin)
 
 
-@require_POST
-@dashboard_view
-def tool_call_decline(request: HttpRequest, run_id: UUID) -> HttpResponse:
-    if not can_review(request.user):
-        return _denied(request, "decline tool calls")
-    origin = _origin(request)
-    tc = _tool_call(request, run_id)
-    if tc is None:
-        return _missing(request, run_id, origin)
+@decision_view("decline tool calls")
+def tool_call_decline(
+    request: HttpRequest, run_id: UUID, tc: ToolCall, origin: str
+) -> HttpResponse:
     form = DeclineForm(request.POST, auto_id=form_id(tc))
     if not form.is_valid():
         if origin == "inbox":
@@ -484,16 +542,9 @@ def tool_call_decline(request: HttpRequest, run_id: UUID) -> HttpResponse:
     return _done(request, run_id, "Declined.", origin)
 
 
-@require_POST
-@dashboard_view
-def tool_call_answer(request: HttpRequest, run_id: UUID) -> HttpResponse:
+@decision_view("answer tool calls")
+def tool_call_answer(request: HttpRequest, run_id: UUID, tc: ToolCall, origin: str) -> HttpResponse:
     """Give a tool that asked for input its data (a form generated from its resume_schema)."""
-    if not can_review(request.user):
-        return _denied(request, "answer tool calls")
-    origin = _origin(request)
-    tc = _tool_call(request, run_id)
-    if tc is None:
-        return _missing(request, run_id, origin)
     form = SchemaForm(request.POST, schema=tc.resume_schema, auto_id=form_id(tc))
     if not form.is_valid():
         return _form_errors(request, run_id, tc, bound_forms(tc.run, tc, answer=form))

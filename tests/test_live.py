@@ -283,11 +283,14 @@ async def test_a_run_page_gets_the_events_after_its_seq(reviewer, drain) -> None
         await db(services.tool_call_decline)(
             run=run, actor=reviewer, tool_call_id=tc.tool_call_id, reason="no"
         )
+        # A push is the changed regions (here: that card), then the new events in frames of
+        # their own.
+        card = await receive_until(page, lambda t: f'id="tc-{tc.pk}"' in t)
+        assert "Declined</strong> by <strong>rita" in card
         text = await receive_until(page, lambda t: "data-after-seq" in t)
         assert f'data-after-seq="{run.last_seq}"' in text
         seqs = [int(s) for s in re.findall(r'<li data-seq="(\d+)"', text)]
         assert seqs and min(seqs) == run.last_seq + 1
-        assert f'id="tc-{tc.pk}"' in text and "Declined</strong> by <strong>rita" in text
     finally:
         await page.disconnect()
 
@@ -341,3 +344,50 @@ async def test_a_thread_page_hears_its_runs(reviewer, drain) -> None:
         assert str(run.id) in text
     finally:
         await page.disconnect()
+
+
+# --- what a push to a busy run's page carries --------------------------------------------
+
+
+def test_a_run_push_carries_only_new_events_and_changed_cards(support, drain) -> None:
+    from runs import selectors
+    from runs.fragments import EVENTS_PER_FRAME, Fragments, RunPushState
+
+    run = services.run_create(agent_id="slow", input={"steps": 30, "delay_ms": 0}, actor="t")
+    drain()
+    page = selectors.run_page(run.id)
+    fragments = Fragments(support)
+    sent = RunPushState(seq=page.run.last_seq - 40, checkpoint_step=page.checkpoints[1].step)
+    frames = fragments.run_push(page, sent, with_io=False)
+    # The regions first, then 40 events in frames of at most EVENTS_PER_FRAME, oldest first,
+    # each continuing the one before.
+    events = [[int(s) for s in re.findall(r'<li data-seq="(\d+)"', f)] for f in frames[1:]]
+    assert [len(e) for e in events] == [15, 15, 10] and EVENTS_PER_FRAME == 15
+    afters = [int(re.search(r'data-after-seq="(\d+)"', f).group(1)) for f in frames[1:]]
+    assert afters == [page.run.last_seq - 40, max(events[0]), max(events[1])]
+    assert 'id="run-header"' in frames[0] and 'id="run-actions"' in frames[0]
+    # One new checkpoint row, prepended; the count follows.
+    assert 'id="run-checkpoint-rows" hx-swap-oob="afterbegin"' in frames[0]
+    assert frames[0].count("<tr data-seq=") == 1
+    assert sent.seq == page.run.last_seq
+
+    # Nothing changed since: the next push is the header alone (no card, no event, no actions).
+    again = fragments.run_push(page, sent, with_io=False)
+    assert len(again) == 1 and 'id="run-header"' in again[0]
+    assert "tc-" not in again[0] and "run-actions" not in again[0]
+    assert "run-checkpoint-rows" not in again[0]
+
+
+def test_a_run_push_after_more_events_than_the_window_makes_the_page_refetch(
+    support, drain
+) -> None:
+    from runs import selectors
+    from runs.fragments import Fragments, RunPushState
+
+    run = services.run_create(agent_id="slow", input={"steps": 60, "delay_ms": 0}, actor="t")
+    drain()
+    page = selectors.run_page(run.id)  # the newest 100 events
+    frames = Fragments(support).run_push(page, RunPushState(seq=1), with_io=False)
+    first_after = int(re.search(r'data-after-seq="(\d+)"', frames[1]).group(1))
+    # Past what the page shows (seq 1): the browser sees a gap and re-fetches its regions.
+    assert first_after == page.events[-1].seq - 1 > 1

@@ -71,7 +71,7 @@ def _is_post(pattern: URLPattern) -> bool:
 def _url(route: str, run: Run) -> str:
     return "/" + route.replace("<uuid:run_id>", str(run.id)).replace(
         "<uuid:thread_id>", str(run.thread_id)
-    )
+    ).replace("<uuid:checkpoint_id>", "01a22d0e-0000-7000-8000-000000000000")
 
 
 @pytest.fixture

@@ -191,6 +191,21 @@ def json_view(value: Any) -> SafeString:
     return mark_safe(f'<pre class="json">{_json_html(value, 0, 0)}</pre>')  # noqa: S308
 
 
+# A region pushed every few seconds does not inline a value bigger than this: the page offers
+# a link that fetches it on demand.
+MAX_INLINE_JSON_CHARS = 1000
+
+
+@register.filter
+def json_chars(value: Any) -> int:
+    return len(json.dumps(value, default=str)) if value is not None else 0
+
+
+@register.filter
+def json_inline(value: Any) -> bool:
+    return json_chars(value) <= MAX_INLINE_JSON_CHARS
+
+
 @register.filter
 def json_text(value: Any) -> str:
     """Indented JSON as plain text (for textareas); the template escapes it."""
@@ -218,21 +233,6 @@ def nav_inbox_count(context: template.Context) -> dict[str, Any]:
     if count is None:
         count = selectors.inbox(selectors.RunFilters()).count()
     return {"inbox_count": count, "oob": False}
-
-
-@register.filter
-def decision(tc: Any) -> str:
-    """What a human decided on a tool call: approved, declined or answered ("" if nobody did).
-
-    The call's status moves on after an approval (running, succeeded...), so it is derived.
-    """
-    if not tc.decided_by:
-        return ""
-    if tc.status == "declined":
-        return "declined"
-    if tc.resume_data is not None or tc.status == "answered":
-        return "answered"
-    return "approved"
 
 
 @register.filter

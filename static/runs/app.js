@@ -137,7 +137,7 @@
     if (!container || document.getElementById(el.id)) return;
     el.removeAttribute("hx-swap-oob");
     var items = Array.prototype.filter.call(container.children, function (c) { return c.id; });
-    var at = +el.dataset.insertAt;
+    var at = el.dataset.insertAt === "end" ? items.length : +el.dataset.insertAt;
     container.insertBefore(el, items[at] || (items.length ? items[items.length - 1].nextSibling : container.firstChild));
     el.classList.add("row-enter");
     htmx.process(el);
@@ -157,9 +157,41 @@
     refreshTimes();
     markSelected();
   });
+  // --- bounded lists (timeline, checkpoints): the page keeps the newest data-keep items;
+  // "load older" fetches the timeline's older events on demand ---
+
+  function trimLists() {
+    document.querySelectorAll("[data-keep]").forEach(trim);
+  }
+
+  function trim(list) {
+    var keep = +list.dataset.keep;
+    if (!keep || list.children.length <= keep + 1) return;
+    var items = list.querySelectorAll(":scope > [data-seq]");
+    if (items.length <= keep) return;
+    for (var i = items.length - 1; i >= keep; i--) items[i].remove();
+    if (!list.dataset.olderUrl) return;
+    // "Load older" now starts below the oldest item kept.
+    var more = list.querySelector(":scope > li.more");
+    if (more) more.remove();
+    var url = list.dataset.olderUrl + "?before=" + items[keep - 1].dataset.seq;
+    var li = document.createElement("li");
+    li.className = "more";
+    var a = document.createElement("a");
+    a.className = "btn small";
+    a.textContent = "Load older events";
+    a.setAttribute("href", url);
+    a.setAttribute("hx-get", url);
+    a.setAttribute("hx-target", "closest li");
+    a.setAttribute("hx-swap", "outerHTML");
+    li.appendChild(a);
+    list.appendChild(li);
+    htmx.process(li);
+  }
+
   document.addEventListener("htmx:oobAfterSwap", function () {
-    refreshTimes();
-    markSelected();
+    trimLists();
+    refreshSoon();
     // "every run matching the filter (N)" follows the list's pushed total.
     var total = document.getElementById("runs-total");
     var label = document.querySelector("[data-total]");
@@ -210,7 +242,21 @@
   function refreshTimes() {
     document.querySelectorAll("time[datetime]").forEach(function (el) {
       var d = new Date(el.getAttribute("datetime"));
-      if (!isNaN(d)) el.textContent = relative(d);
+      if (isNaN(d)) return;
+      var text = relative(d);
+      if (el.textContent !== text) el.textContent = text;  // untouched nodes cost no layout
+    });
+  }
+
+  // A push swaps several regions: refresh once per frame, not once per region.
+  var refreshQueued = false;
+  function refreshSoon() {
+    if (refreshQueued) return;
+    refreshQueued = true;
+    requestAnimationFrame(function () {
+      refreshQueued = false;
+      refreshTimes();
+      markSelected();
     });
   }
   setInterval(refreshTimes, 15000);
