@@ -213,7 +213,7 @@ class RunsConsumer(_BatchingConsumer):
             form = RunFilterForm(self.params)
             self.filters = form.run_filters()
             self.queryset = (
-                selectors.runs_filtered(self.filters)
+                selectors.with_queue_holder(selectors.runs_filtered(self.filters))
                 .order_by(*form.ordering)
                 .prefetch_related(selectors.waiting_tool_calls_prefetch())
             )

@@ -330,6 +330,9 @@ class BulkCancelForm(forms.Form):
     reason = forms.CharField(required=False, max_length=2000)
     run_ids = forms.TypedMultipleChoiceField(required=False, coerce=UUID, choices=())
     all_matching = forms.BooleanField(required=False)
+    # Runs waiting for a human are left out of a bulk cancel unless ticked: one click must not
+    # throw away open reviews.
+    include_suspended = forms.BooleanField(required=False)
     step = forms.ChoiceField(choices=[("preview", "preview"), ("confirm", "confirm")])
     expected = forms.IntegerField(required=False, min_value=0)
     confirm_text = forms.CharField(required=False, max_length=20)

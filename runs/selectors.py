@@ -8,7 +8,18 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet
+from django.db.models import (
+    Case,
+    Exists,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+    UUIDField,
+    Value,
+    When,
+)
 from django.utils import timezone
 
 from runs.exceptions import NotFound, ValidationFailed
@@ -91,6 +102,36 @@ def _check_dates(from_date: datetime | None, to_date: datetime | None) -> None:
             "from_date is after to_date",
             errors=[{"field": "from_date", "message": "must not be after to_date"}],
         )
+
+
+def with_queue_holder(qs: QuerySet[Run]) -> QuerySet[Run]:
+    """Annotate each pending run with `behind_run_id`: the run it waits behind on its thread.
+
+    A thread runs one run at a time and a run waiting for a human holds it too, so a pending
+    run waits behind the thread's running or suspended run, else behind the pending run queued
+    just before it. None: nothing on the thread is ahead of it (it waits for a worker, or for
+    its `after_seconds`).
+    """
+    ahead = (
+        Run.objects.filter(thread_id=OuterRef("thread_id"), parent_run__isnull=True)
+        .filter(
+            Q(status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED))
+            | Q(status=RunStatus.PENDING, created_at__lt=OuterRef("created_at"))
+        )
+        .exclude(id=OuterRef("id"))
+        .order_by(
+            Case(When(status=RunStatus.PENDING, then=Value(1)), default=Value(0)),
+            "-created_at",
+        )
+        .values("id")[:1]
+    )
+    return qs.annotate(
+        behind_run_id=Case(
+            When(status=RunStatus.PENDING, thread__isnull=False, then=Subquery(ahead)),
+            default=Value(None),
+            output_field=UUIDField(),
+        )
+    )
 
 
 def waiting_tool_calls_prefetch() -> Prefetch:
@@ -604,7 +645,11 @@ def run_page(
     checkpoints_limit: int = 20,
 ) -> RunPage:
     """One run with everything its dashboard page shows, bounded for long runs."""
-    run = Run.objects.select_related("thread", "parent_run").filter(id=run_id).first()
+    run = (
+        with_queue_holder(Run.objects.select_related("thread", "parent_run"))
+        .filter(id=run_id)
+        .first()
+    )
     if run is None:
         raise NotFound(f"Run {run_id} not found", code="run_not_found")
     events = run.events.order_by("-seq")
@@ -676,9 +721,9 @@ def thread_page(thread_id: UUID, *, limit: int = 50) -> ThreadPage:
     return ThreadPage(
         thread=thread,
         runs=list(
-            runs.order_by("-created_at", "-id").prefetch_related(waiting_tool_calls_prefetch())[
-                :limit
-            ]
+            with_queue_holder(runs)
+            .order_by("-created_at", "-id")
+            .prefetch_related(waiting_tool_calls_prefetch())[:limit]
         ),
         runs_total=runs.count(),
         checkpoints=thread_history(thread, limit=limit),
@@ -686,13 +731,20 @@ def thread_page(thread_id: UUID, *, limit: int = 50) -> ThreadPage:
 
 
 def runs_cancel_preview(
-    *, run_ids: list[UUID] | None = None, queryset: QuerySet[Run] | None = None
+    *,
+    run_ids: list[UUID] | None = None,
+    queryset: QuerySet[Run] | None = None,
+    include_suspended: bool = True,
 ) -> dict[str, int]:
-    """What runs_cancel_many would touch: active top-level runs by status, plus "total"."""
+    """What runs_cancel_many would touch: active top-level runs by status, plus "total".
+
+    `suspended` always counts the selection's runs waiting for a human (so the page can say
+    how many there are); "total" includes them only with `include_suspended`.
+    """
     from django.db.models import Count
 
     qs = queryset if queryset is not None else Run.objects.filter(id__in=list(run_ids or []))
-    counts = {s: 0 for s in ACTIVE_STATUSES}
+    counts: dict[str, int] = {s: 0 for s in ACTIVE_STATUSES}
     rows = (
         qs.filter(parent_run__isnull=True, status__in=ACTIVE_STATUSES)
         .values("status")
@@ -701,7 +753,8 @@ def runs_cancel_preview(
     )
     for row in rows:
         counts[row["status"]] = row["n"]
-    return {**counts, "total": sum(counts.values())}
+    total = sum(n for s, n in counts.items() if include_suspended or s != RunStatus.SUSPENDED)
+    return {**counts, "total": total}
 
 
 @dataclass

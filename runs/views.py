@@ -167,7 +167,7 @@ def _filter_query(request: HttpRequest, drop: tuple[str, ...] = ()) -> str:
 def run_list(request: HttpRequest) -> HttpResponse:
     form = RunFilterForm(request.GET)
     runs = (
-        selectors.runs_filtered(form.run_filters())
+        selectors.with_queue_holder(selectors.runs_filtered(form.run_filters()))
         .order_by(*form.ordering)
         .prefetch_related(selectors.waiting_tool_calls_prefetch())
     )
@@ -212,7 +212,9 @@ def runs_bulk_cancel(request: HttpRequest) -> HttpResponse:
     data = form.cleaned_data
     queryset = selectors.runs_filtered(filters_form.run_filters()) if data["all_matching"] else None
     run_ids = None if data["all_matching"] else data["run_ids"]
-    preview = selectors.runs_cancel_preview(run_ids=run_ids, queryset=queryset)
+    preview = selectors.runs_cancel_preview(
+        run_ids=run_ids, queryset=queryset, include_suspended=data["include_suspended"]
+    )
     context["preview"] = preview
     context["needs_typed"] = form.needs_typed_confirmation(preview["total"])
     if data["step"] == "preview" or preview["total"] == 0:
@@ -230,6 +232,7 @@ def runs_bulk_cancel(request: HttpRequest) -> HttpResponse:
         run_ids=run_ids,
         queryset=queryset,
         reason=data["reason"] or "",
+        include_suspended=data["include_suspended"],
     )
     context["result"] = result
     summary = _bulk_summary(data["action"], result)

@@ -272,7 +272,13 @@ def test_cancel_needs_the_cancel_permission(request, role, refund) -> None:
 def test_bulk_cancel_needs_the_cancel_permission(request, role, refund) -> None:
     response = as_role(request, role).post(
         reverse("runs:runs_bulk_cancel"),
-        {"action": "interrupt", "step": "confirm", "expected": 1, "run_ids": [str(refund.id)]},
+        {
+            "action": "interrupt",
+            "step": "confirm",
+            "expected": 1,
+            "run_ids": [str(refund.id)],
+            "include_suspended": "on",  # the refund run waits for a human
+        },
         headers=HX,
     )
     assert response.status_code == CANCEL_STATUS[role]
@@ -593,6 +599,51 @@ def test_bulk_cancel_asks_again_when_the_filter_matches_more_than_confirmed(supp
     assert response.status_code == 409
     assert "matches more runs than you confirmed" in response.content.decode()
     assert Run.objects.filter(status=RunStatus.INTERRUPTED).count() == 0
+
+
+def test_bulk_cancel_leaves_runs_waiting_for_a_human_out_unless_ticked(support, drain) -> None:
+    waiting = [suspended(drain, "weather", {}) for _ in range(2)]
+    queued = pending_runs(1)
+    client = signed_in(support)
+    data = {"action": "interrupt", "run_ids": [str(r.id) for r in [*waiting, *queued]]}
+    preview = client.post(reverse("runs:runs_bulk_cancel"), {**data, "step": "preview"}, headers=HX)
+    assert preview.status_code == 200
+    body = preview.content.decode()
+    assert "data-preview-count>1<" in body  # only the pending run
+    assert "Also cancel the <strong>2</strong> runs waiting for a human" in body
+    done = client.post(
+        reverse("runs:runs_bulk_cancel"), {**data, "step": "confirm", "expected": 1}, headers=HX
+    )
+    assert done.status_code == 200
+    assert Run.objects.get(id=queued[0].id).status == RunStatus.INTERRUPTED
+    assert all(Run.objects.get(id=r.id).status == RunStatus.SUSPENDED for r in waiting)
+
+    ticked = {**data, "include_suspended": "on"}
+    preview = client.post(
+        reverse("runs:runs_bulk_cancel"), {**ticked, "step": "preview"}, headers=HX
+    )
+    assert "data-preview-count>2<" in preview.content.decode()
+    done = client.post(
+        reverse("runs:runs_bulk_cancel"), {**ticked, "step": "confirm", "expected": 2}, headers=HX
+    )
+    assert done.status_code == 200
+    assert all(Run.objects.get(id=r.id).status == RunStatus.INTERRUPTED for r in waiting)
+
+
+def test_a_run_queued_behind_a_review_says_so(support, drain, thread) -> None:
+    review = suspended(drain, "refund", {"order_id": "Q-1", "amount": 3}, thread)
+    queued = services.run_create(agent_id="echo", thread_id=thread.id, input={}, actor="t")
+    drain()
+    client = signed_in(support)
+    page = client.get(reverse("runs:run_detail", args=[queued.id]))
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert "queued behind" in body
+    assert reverse("runs:run_detail", args=[review.id]) in body
+    listing = client.get(reverse("runs:run_list"))
+    row = re.search(rf'<tr id="run-row-{queued.id}".*?</tr>', listing.content.decode(), re.S)
+    assert row is not None and "behind" in row.group(0)
+    assert str(review.id)[:8] in row.group(0)
 
 
 def test_bulk_cancel_needs_a_selection(support) -> None:
