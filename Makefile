@@ -43,13 +43,16 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 run: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py collectstatic --noinput --verbosity 0
-	$(PY) manage.py seed_demo
+	RUNS_GRAPHS=$${RUNS_GRAPHS:-runs/graphs/demo.json} $(PY) manage.py seed_demo
 	@echo ""
 	@echo "  Runsite is up at http://$(HOST):$(PORT)/   (API docs: http://$(HOST):$(PORT)/api/docs)"
 	@echo "  Logins: admin/admin (staff), reviewer/reviewer (Reviewers), support/support (Support)"
 	@echo "  !! RUNS_API_AUTH=off: the JSON API accepts requests without an API key (demo only) !!"
 	@echo ""
+	@echo "  The Agent Inbox app on http://localhost:3000 may call the API (RUNS_CORS_ALLOWED_ORIGINS)"
 	RUNS_EMBEDDED_WORKER=1 RUNS_API_AUTH=off DEBUG=$${DEBUG:-1} \
+	  RUNS_GRAPHS=$${RUNS_GRAPHS:-runs/graphs/demo.json} \
+	  RUNS_CORS_ALLOWED_ORIGINS=$${RUNS_CORS_ALLOWED_ORIGINS:-http://localhost:3000,http://127.0.0.1:3000} \
 	  $(PY) -m daphne -b $(HOST) -p $(PORT) runsite.asgi:application
 
 test: $(VENV)/.installed
@@ -72,6 +75,8 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) manage.py makemigrations --check --dry-run
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 format: $(VENV)/.installed
 	$(VENV)/bin/ruff format .

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
@@ -16,7 +16,7 @@ from runs.exceptions import RunsError
 from runs.models import ApiKey, AuditEntry, Checkpoint, Run, RunEvent, Thread, ToolCall
 
 
-def pretty_json(value: Any) -> str:
+def pretty_json(value: object) -> str:
     # format_html escapes the text: tool arguments are untrusted.
     text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
     if len(text) > 20_000:
@@ -24,28 +24,24 @@ def pretty_json(value: Any) -> str:
     return format_html('<pre style="white-space:pre-wrap;max-width:70em">{}</pre>', text)
 
 
-def json_fields(*names: str) -> tuple[list[str], dict[str, Any]]:
-    """Read-only pretty display methods for the named JSON fields."""
-    methods: dict[str, Any] = {}
-    for name in names:
+def json_display(name: str) -> Callable[[admin.ModelAdmin[Model], Model], str]:
+    """An admin method showing JSON field `name` escaped and indented. Use it as
+    `<name>_pretty = json_display("<name>")`, list "<name>_pretty" in `readonly_fields` and the
+    field itself in `exclude`."""
 
-        def show(self: Any, obj: Any, _name: str = name) -> str:
-            return pretty_json(getattr(obj, _name))
+    @admin.display(description=name)
+    def show(self: admin.ModelAdmin[Model], obj: Model) -> str:
+        return pretty_json(getattr(obj, name))
 
-        show.short_description = name  # type: ignore[attr-defined]
-        methods[f"{name}_pretty"] = show
-    return [f"{n}_pretty" for n in names], methods
+    return show
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
-
-
-_thread_json, _thread_methods = json_fields("metadata", "values")
 
 
 @admin.register(Thread)
@@ -54,9 +50,18 @@ class ThreadAdmin(ReadOnlyAdmin):
     list_filter = ("status", "created_at")
     search_fields = ("=id", "resource_id")
     exclude = ("metadata", "values")
-    readonly_fields = ("id", "status", "resource_id", "created_at", "updated_at", *_thread_json)
+    readonly_fields = (
+        "id",
+        "status",
+        "resource_id",
+        "created_at",
+        "updated_at",
+        "metadata_pretty",
+        "values_pretty",
+    )
+    metadata_pretty = json_display("metadata")
+    values_pretty = json_display("values")
     date_hierarchy = "created_at"
-    locals().update(_thread_methods)
 
 
 class ToolCallInline(admin.TabularInline):
@@ -75,11 +80,8 @@ class ToolCallInline(admin.TabularInline):
     readonly_fields = fields
     show_change_link = True
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
-
-
-_run_json, _run_methods = json_fields("input", "output", "error", "metadata", "kwargs")
 
 
 @admin.register(Run)
@@ -110,13 +112,21 @@ class RunAdmin(ReadOnlyAdmin):
         "suspended_at",
         "finished_at",
         "updated_at",
-        *_run_json,
+        "input_pretty",
+        "output_pretty",
+        "error_pretty",
+        "metadata_pretty",
+        "kwargs_pretty",
     )
+    input_pretty = json_display("input")
+    output_pretty = json_display("output")
+    error_pretty = json_display("error")
+    metadata_pretty = json_display("metadata")
+    kwargs_pretty = json_display("kwargs")
     list_select_related = ()
     date_hierarchy = "created_at"
     inlines = [ToolCallInline]
     actions = ["cancel_interrupt"]
-    locals().update(_run_methods)
 
     @admin.action(description="Cancel selected runs (interrupt)", permissions=["cancel"])
     def cancel_interrupt(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
@@ -140,22 +150,24 @@ class RunAdmin(ReadOnlyAdmin):
         return request.user.has_perm("runs.cancel_run")
 
 
-_cp_json, _cp_methods = json_fields("values", "pending")
-
-
 @admin.register(Checkpoint)
 class CheckpointAdmin(ReadOnlyAdmin):
     list_display = ("id", "run_id", "thread_id", "step", "created_at")
     list_filter = ("created_at",)
     search_fields = ("=id", "=run__id", "=thread__id")
     exclude = ("values", "pending")
-    readonly_fields = ("id", "run", "thread", "parent", "step", "created_at", *_cp_json)
-    locals().update(_cp_methods)
-
-
-_tc_json, _tc_methods = json_fields(
-    "args", "original_args", "suspend_payload", "resume_schema", "resume_data", "result"
-)
+    readonly_fields = (
+        "id",
+        "run",
+        "thread",
+        "parent",
+        "step",
+        "created_at",
+        "values_pretty",
+        "pending_pretty",
+    )
+    values_pretty = json_display("values")
+    pending_pretty = json_display("pending")
 
 
 @admin.register(ToolCall)
@@ -179,12 +191,19 @@ class ToolCallAdmin(ReadOnlyAdmin):
         "started_at",
         "finished_at",
         "created_at",
-        *_tc_json,
+        "args_pretty",
+        "original_args_pretty",
+        "suspend_payload_pretty",
+        "resume_schema_pretty",
+        "resume_data_pretty",
+        "result_pretty",
     )
-    locals().update(_tc_methods)
-
-
-_ev_json, _ev_methods = json_fields("data")
+    args_pretty = json_display("args")
+    original_args_pretty = json_display("original_args")
+    suspend_payload_pretty = json_display("suspend_payload")
+    resume_schema_pretty = json_display("resume_schema")
+    resume_data_pretty = json_display("resume_data")
+    result_pretty = json_display("result")
 
 
 @admin.register(RunEvent)
@@ -193,11 +212,15 @@ class RunEventAdmin(ReadOnlyAdmin):
     list_filter = ("kind", "created_at")
     search_fields = ("=run__id",)
     exclude = ("data",)
-    readonly_fields = ("run", "seq", "kind", "actor", "created_at", *_ev_json)
-    locals().update(_ev_methods)
-
-
-_au_json, _au_methods = json_fields("before", "after")
+    readonly_fields = (
+        "run",
+        "seq",
+        "kind",
+        "actor",
+        "created_at",
+        "data_pretty",
+    )
+    data_pretty = json_display("data")
 
 
 @admin.register(AuditEntry)
@@ -216,12 +239,14 @@ class AuditEntryAdmin(ReadOnlyAdmin):
         "tool_call_id",
         "reason",
         "created_at",
-        *_au_json,
+        "before_pretty",
+        "after_pretty",
     )
+    before_pretty = json_display("before")
+    after_pretty = json_display("after")
     date_hierarchy = "created_at"
-    locals().update(_au_methods)
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False  # the audit log is append-only
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
-from uuid import UUID
+from uuid import UUID, uuid5
 
 from runs.models import Run, ToolCallStatus
 
@@ -20,6 +20,15 @@ if TYPE_CHECKING:
 # Who did something: a dashboard user, a string such as "api:ci-key", or None for the system.
 # A plain alias rather than a `type` statement: tools that parse this tree may run on 3.11.
 Actor: TypeAlias = "AbstractBaseUser | AnonymousUser | str | None"  # noqa: UP040
+
+
+# Any JSON value a client sent or a JSONField holds: services store it, check its size and
+# validate it against a schema, but never look inside without an isinstance check.
+JSONValue: TypeAlias = object  # noqa: UP040
+# A JSON object (state values, metadata, event data, tool arguments).
+JSONObject: TypeAlias = dict[str, Any]  # noqa: UP040
+# One timeline event to write: (kind, data, actor name).
+Event: TypeAlias = tuple[str, JSONObject, str]  # noqa: UP040
 
 
 def actor_name(actor: Actor) -> str:
@@ -85,23 +94,65 @@ class SuspendPlan:
     waiting: list[dict[str, Any]]  # {tool_call_id, status, suspend_payload, resume_schema, ...}
 
 
+# LangGraph's NAMESPACE_GRAPH: a graph's system assistant id is uuid5(NAMESPACE_GRAPH, graph_id).
+NAMESPACE_GRAPH = UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8")
+
+
+def assistant_uuid(agent_id: str) -> str:
+    """The LangGraph system-assistant id of an agent (what clients filter threads by)."""
+    return str(uuid5(NAMESPACE_GRAPH, agent_id))
+
+
 def interrupt_of(w: dict[str, Any]) -> dict[str, Any]:
-    """The LangGraph-style interrupt a waiting tool call shows to clients."""
+    """The interrupt a waiting tool call shows to clients, in three conventions at once.
+
+    Runsite's own fields (`type`, `tool_call_id`, `tool_name`, `args` / `payload`,
+    `resume_schema`) stay; an approval wait also carries LangChain's human-in-the-loop middleware
+    shape (`action_requests`, `review_configs`), and an input wait the Agent Inbox
+    `HumanInterrupt` shape (`action_request`, `config`, `description`), so those clients can
+    show and answer it unchanged. `w` may carry the tool's `description`.
+    """
+    tool_name = w.get("tool_name") or ""
+    description = w.get("description") or ""
+    payload = w.get("suspend_payload")
+    if isinstance(payload, dict) and isinstance(payload.get("description"), str):
+        description = payload["description"]  # the tool said what it asks for
+    value: dict[str, Any]
     if w["status"] == ToolCallStatus.AWAITING_APPROVAL:
+        args = w.get("args")
         value = {
             "type": "approval",
             "tool_call_id": w["tool_call_id"],
-            "tool_name": w.get("tool_name"),
-            "args": w.get("args"),
+            "tool_name": tool_name,
+            "args": args,
         }
-        if w.get("suspend_payload") is not None:
-            value["payload"] = w["suspend_payload"]
+        if payload is not None:
+            value["payload"] = payload
+        value["description"] = description
+        value["action_requests"] = [
+            # `arguments` as well as LangChain's `args`: the Agent Inbox app reads `arguments`.
+            {"name": tool_name, "args": args, "arguments": args, "description": description}
+        ]
+        value["review_configs"] = [
+            {"action_name": tool_name, "allowed_decisions": ["approve", "edit", "reject"]}
+        ]
     else:
         value = {
             "type": "input",
             "tool_call_id": w["tool_call_id"],
-            "tool_name": w.get("tool_name"),
-            "payload": w.get("suspend_payload"),
+            "tool_name": tool_name,
+            "payload": payload,
             "resume_schema": w.get("resume_schema"),
+            "description": description,
+            "action_request": {
+                "action": tool_name,
+                "args": payload if isinstance(payload, dict) else {"request": payload},
+            },
+            "config": {
+                "allow_accept": False,
+                "allow_edit": False,
+                "allow_respond": True,
+                "allow_ignore": True,
+            },
         }
     return {"id": w["tool_call_id"], "value": value}

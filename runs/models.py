@@ -6,12 +6,15 @@ Models hold data and invariants only. Every state change goes through runs/servi
 from __future__ import annotations
 
 import hashlib
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import models
 from django.db.models import Q
 
 from runs.ids import uuid7
+
+if TYPE_CHECKING:
+    from uuid import UUID
 
 
 class ThreadStatus(models.TextChoices):
@@ -134,6 +137,12 @@ class Run(models.Model):
     suspended_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    # Not columns: run_claim sets them on the runs it hands to a worker. `fresh`: never started
+    # before; on PostgreSQL also the thread state it starts from (id None: no checkpoint yet).
+    fresh: bool
+    base_checkpoint_id: UUID | None
+    base_values: dict[str, Any] | None
 
     class Meta:
         permissions: ClassVar = [
@@ -369,3 +378,62 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class GraphCheckpoint(models.Model):
+    """A LangGraph checkpoint of a registered graph's thread (runs/graphs/checkpointer.py).
+
+    The layout mirrors langgraph-checkpoint-postgres, plus `run`: rollback deletes a run's
+    checkpoints and writes by it (cascade). The checkpoint itself is the serde's bytes.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="+")
+    checkpoint_ns = models.CharField(max_length=255, blank=True, default="")
+    checkpoint_id = models.CharField(max_length=64)
+    parent_checkpoint_id = models.CharField(max_length=64, null=True, blank=True)
+    # Null for a checkpoint written by update_state, not by a run.
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    type = models.CharField(max_length=32)
+    checkpoint = models.BinaryField()
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(
+                fields=["thread", "checkpoint_ns", "checkpoint_id"],
+                name="unique_graph_checkpoint",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"graph checkpoint {self.checkpoint_id} of {self.thread_id}"
+
+
+class GraphWrite(models.Model):
+    """A pending write of one graph task against a checkpoint (no foreign key to it: LangGraph
+    may write against a checkpoint before putting it). `run` is the run that wrote it."""
+
+    id = models.BigAutoField(primary_key=True)
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="+")
+    checkpoint_ns = models.CharField(max_length=255, blank=True, default="")
+    checkpoint_id = models.CharField(max_length=64)
+    task_id = models.CharField(max_length=64)
+    task_path = models.CharField(max_length=255, blank=True, default="")
+    idx = models.IntegerField()
+    channel = models.CharField(max_length=255)
+    type = models.CharField(max_length=32)
+    value = models.BinaryField()
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(
+                fields=["thread", "checkpoint_ns", "checkpoint_id", "task_id", "idx"],
+                name="unique_graph_write",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"graph write {self.channel} of task {self.task_id}"

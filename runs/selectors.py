@@ -831,9 +831,14 @@ def run_stream_state(
 def interrupts_of(tool_calls: list[ToolCall]) -> list[dict[str, Any]]:
     """LangGraph interrupts ({"id", "value"}) for waiting tool calls."""
     from runs.contracts import interrupt_of as _interrupt_of
+    from runs.engine.registry import tool_description
+    from runs.graphs.loader import is_graph_run
 
     return [
-        _interrupt_of(
+        # A LangGraph graph's interrupt is shown as the graph gave it (runs/graphs).
+        {"id": tc.tool_call_id, "value": tc.suspend_payload}
+        if is_graph_run(tc.run)
+        else _interrupt_of(
             {
                 "tool_call_id": tc.tool_call_id,
                 "status": tc.status,
@@ -841,6 +846,7 @@ def interrupts_of(tool_calls: list[ToolCall]) -> list[dict[str, Any]]:
                 "args": tc.args,
                 "suspend_payload": tc.suspend_payload,
                 "resume_schema": tc.resume_schema,
+                "description": tool_description(tc.run.agent_id, tc.tool_name),
             }
         )
         for tc in tool_calls
@@ -857,6 +863,8 @@ def threads_interrupts(thread_ids: list[UUID]) -> dict[UUID, dict[str, list[dict
         status__in=PENDING_DECISION_STATUSES,
     ).select_related("run")
     for tc in calls.order_by("created_at", "id"):
+        if tc.run.thread_id is None:  # excluded by the filter; narrows the type
+            continue
         by_thread.setdefault(tc.run.thread_id, {}).setdefault(str(tc.run_id), []).append(tc)
     return {
         tid: {rid: interrupts_of(tcs) for rid, tcs in runs.items()}

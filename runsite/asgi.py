@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+from typing import cast
 
+from asgiref.typing import ASGIReceiveCallable, ASGIReceiveEvent, ASGISendCallable, Scope
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runsite.settings")
@@ -33,7 +34,7 @@ _router = ProtocolTypeRouter(
 )
 
 
-async def application(scope: dict, receive: Any, send: Any) -> None:
+async def application(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
     # Publishes from worker threads must reach the in-memory channel layer on this loop.
     live.bind_server_loop(asyncio.get_running_loop())
     if scope["type"] != "http":
@@ -43,13 +44,15 @@ async def application(scope: dict, receive: Any, send: Any) -> None:
     # left before its body started must still cancel the run it created (on_disconnect=cancel).
     disconnected = asyncio.Event()
 
-    async def watched_receive() -> dict:
+    async def watched_receive() -> ASGIReceiveEvent:
         message = await receive()
         if message["type"] == "http.disconnect":
             disconnected.set()
         return message
 
-    await _router({**scope, "runsite.disconnected": disconnected}, watched_receive, send)
+    # ASGI lets a server add its own keys to a scope; the TypedDicts do not list them.
+    extended = cast(Scope, {**scope, "runsite.disconnected": disconnected})
+    await _router(extended, watched_receive, send)
 
 
 if settings.RUNS_EMBEDDED_WORKER:

@@ -7,11 +7,16 @@ never turns into a silently different behaviour.
 
 from __future__ import annotations
 
+import json
 import os
+import typing
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+if typing.TYPE_CHECKING:  # (not `from typing import TYPE_CHECKING`: no upper-case setting)
+    import psycopg
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -61,6 +66,28 @@ def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
     return value
 
 
+def env_graphs(name: str) -> dict[str, typing.Any]:
+    """A langgraph.json-style mapping, from a file's path or inline JSON; {} when unset."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return {}
+    base_dir, text = BASE_DIR, raw
+    if not raw.startswith("{"):
+        path = Path(raw).expanduser()
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{name}={raw!r}: cannot read it ({exc.strerror})") from None
+        base_dir = path.resolve().parent
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("graphs"), dict):
+        raise ImproperlyConfigured(f'{name}: expected {{"graphs": {{"<id>": "<file.py>:<attr>"}}}}')
+    return {**data, "base_dir": str(base_dir)}
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None:
@@ -87,13 +114,15 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
-    "django.contrib.humanize",
     "channels",
+    "corsheaders",
     "django_htmx",
     "runs",
 ]
 
 MIDDLEWARE = [
+    # First, so that error answers and preflights carry the CORS headers too.
+    "corsheaders.middleware.CorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "runsite.middleware.RejectNulMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -108,6 +137,34 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "runsite.urls"
+
+
+def env_origins(name: str) -> list[str]:
+    origins = env_list(name, [])
+    for origin in origins:
+        scheme, _, rest = origin.partition("://")
+        if scheme not in ("http", "https") or not rest or "/" in rest:
+            raise ImproperlyConfigured(
+                f"{name}: {origin!r} is not an origin (scheme://host[:port], no path)"
+            )
+    return origins
+
+
+# Browser clients of the JSON API (the Agent Inbox app, a LangGraph JS client): their origins,
+# comma-separated. None by default; `make run` allows a local Agent Inbox. Only /api/ answers
+# cross-origin requests; the dashboard never does.
+RUNS_CORS_ALLOWED_ORIGINS = env_origins("RUNS_CORS_ALLOWED_ORIGINS")
+CORS_ALLOWED_ORIGINS = RUNS_CORS_ALLOWED_ORIGINS
+CORS_URLS_REGEX = r"^/api/.*$"
+CORS_ALLOW_HEADERS = (
+    "accept",
+    "authorization",
+    "content-type",
+    "x-api-key",
+    "last-event-id",
+    "x-requested-with",
+)
+CORS_EXPOSE_HEADERS = ("content-location", "location")
 ASGI_APPLICATION = "runsite.asgi.application"
 
 TEMPLATES = [
@@ -136,10 +193,10 @@ if _db.get("ENGINE") not in ("django.db.backends.postgresql", "django.db.backend
     raise ImproperlyConfigured("DATABASE_URL must be a postgres:// or sqlite:// URL")
 
 
-def _pool_check(conn: object) -> None:
+def _pool_check(conn: psycopg.Connection[typing.Any]) -> None:
     from psycopg_pool import ConnectionPool
 
-    ConnectionPool.check_connection(conn)  # type: ignore[arg-type]
+    ConnectionPool.check_connection(conn)
 
 
 if _db["ENGINE"] == "django.db.backends.sqlite3":
@@ -228,6 +285,8 @@ if env_bool("SECURE_COOKIES", False):
 
 # --- Runsite engine -------------------------------------------------------------------------
 RUNS_AGENTS = env_list("RUNS_AGENTS", ["runs.agents.BUILTIN_AGENTS"])
+# LangGraph graphs run as agents (docs/graphs.md): a langgraph.json path, or the JSON inline.
+RUNS_GRAPHS = env_graphs("RUNS_GRAPHS")
 RUNS_LEASE_SECONDS = env_float("RUNS_LEASE_SECONDS", 30.0, minimum=1.0)
 RUNS_HEARTBEAT_SECONDS = env_float("RUNS_HEARTBEAT_SECONDS", 10.0, minimum=0.05)
 RUNS_REAPER_SECONDS = env_float("RUNS_REAPER_SECONDS", 5.0, minimum=0.1)

@@ -5,7 +5,7 @@ from typing import Any
 
 from runs.engine import Agent, FinalAnswer, ModelInput, ProposedCall, ScriptedModel, ToolCalls, tool
 
-INPUT_SCHEMA = {
+INPUT_SCHEMA: dict[str, Any] = {  # a JSON schema
     "type": "object",
     "properties": {
         "order_id": {"type": "string", "minLength": 1, "maxLength": 200},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
@@ -29,7 +30,7 @@ def _location(loc: Any) -> str:
 def _invalid_path_id(errors: list[dict[str, Any]]) -> str | None:
     """'thread' for a malformed {thread_id} in the path (LangGraph's 'Invalid thread ID')."""
     for e in errors:
-        loc = e.get("loc") or ()
+        loc: Sequence[object] = e.get("loc") or ()
         if len(loc) >= 2 and loc[0] == "path" and str(e.get("type", "")).startswith("uuid"):
             return str(loc[-1]).removesuffix("_id")
     return None

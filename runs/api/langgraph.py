@@ -41,6 +41,7 @@ from runs.api.schemas import (
 from runs.engine.agent import Agent
 from runs.engine.registry import all_agents
 from runs.exceptions import NotFound, ValidationFailed
+from runs.graphs import api as graph_api
 from runs.models import Run, Thread
 
 assistants = Router(tags=["assistants"])
@@ -234,6 +235,8 @@ def get_thread_state(
     request: HttpRequest, thread_id: UUID, subgraphs: bool = False
 ) -> dict[str, Any]:
     caller = caller_of(request)
+    if (graph_state := graph_api.state_for(caller, thread_id)) is not None:
+        return graph_state  # a LangGraph graph's thread: runs/graphs
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
     return _state_of(thread)
 
@@ -244,12 +247,24 @@ def get_thread_state(
 def update_thread_state(
     request: HttpRequest, thread_id: UUID, payload: ThreadStateUpdateIn
 ) -> dict[str, Any]:
+    graph_ref = graph_api.update_state_for(caller_of(request), thread_id, payload)
+    if graph_ref is not None:
+        return graph_ref  # as_node and checkpoint_id work on graph threads
+    # values=None as "__end__" clears what the thread waits on: the Agent Inbox's "mark as
+    # resolved". Any other as_node stays refused for Runsite agents.
+    resolving = payload.as_node == "__end__" and payload.values is None
+    if resolving:
+        payload.as_node = None
     payload.refuse_unsupported()
     caller = caller_of(request)
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
-    checkpoint = services.thread_update_state(
-        thread=thread, values=payload.values, actor=caller.actor
-    )
+    checkpoint = None
+    if resolving:
+        checkpoint = services.thread_resolve_suspended(thread=thread, actor=caller.actor)
+    if checkpoint is None:  # nothing waited: an ordinary state write
+        checkpoint = services.thread_update_state(
+            thread=thread, values=payload.values, actor=caller.actor
+        )
     ref = {"thread_id": thread.id, "checkpoint_ns": "", "checkpoint_id": checkpoint.id}
     return {"checkpoint": ref, "configurable": ref, "checkpoint_id": checkpoint.id}
 
@@ -261,6 +276,8 @@ def get_thread_state_at_checkpoint(
     request: HttpRequest, thread_id: UUID, payload: StateAtCheckpointIn
 ) -> dict[str, Any]:
     caller = caller_of(request)
+    if (graph_state := graph_api.state_for(caller, thread_id, payload.checkpoint)) is not None:
+        return graph_state
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
     checkpoint_id = p.checkpoint_id_from(payload.checkpoint)
     if checkpoint_id is None:
@@ -276,11 +293,15 @@ def get_thread_state_at(
     request: HttpRequest, thread_id: UUID, checkpoint_id: UUID, subgraphs: bool = False
 ) -> dict[str, Any]:
     caller = caller_of(request)
+    if (graph_state := graph_api.state_for(caller, thread_id, checkpoint_id)) is not None:
+        return graph_state
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
     return p.state_out(thread, selectors.thread_checkpoint(thread, checkpoint_id))
 
 
 def _history(caller: Caller, thread_id: UUID, limit: int, before: Any) -> list[dict[str, Any]]:
+    if (graph_history := graph_api.history_for(caller, thread_id, limit, before)) is not None:
+        return graph_history
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
     before_id = p.checkpoint_id_from(before)
     checkpoints = selectors.thread_history(thread, limit=limit, before=before_id)
@@ -326,6 +347,8 @@ KWARG_FIELDS = (
 def _create_run(
     caller: Caller, payload: RunCreateIn, thread_id: UUID | None, stream_mode: list[str]
 ) -> Run:
+    if graph_api.graph_agent_for(payload.assistant_id) is not None:  # runs/graphs/api.py
+        return graph_api.create_run(caller, payload, thread_id, stream_mode)
     payload.refuse_unsupported()
     agent_id = p.agent_id_for_run(payload.assistant_id)
     command = payload.command_given()

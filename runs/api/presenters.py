@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 from typing import Any
-from uuid import UUID, uuid5
+from uuid import UUID
 
 from django.utils import timezone
 
 from runs import selectors
+from runs.contracts import assistant_uuid
 from runs.engine.agent import Agent
 from runs.engine.registry import all_agents
 from runs.exceptions import ValidationFailed
 from runs.models import Checkpoint, Run, Thread, ThreadStatus
 
-# LangGraph's NAMESPACE_GRAPH: a graph's system assistant id is uuid5(NAMESPACE_GRAPH, graph_id).
-NAMESPACE_GRAPH = UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8")
 # Agents are code, not rows: their "created_at" is when this process loaded them.
 LOADED_AT = timezone.now()
-
-
-def assistant_uuid(agent_id: str) -> str:
-    return str(uuid5(NAMESPACE_GRAPH, agent_id))
 
 
 def find_agent(assistant_id: str) -> Agent | None:

@@ -23,6 +23,7 @@ from django.http import StreamingHttpResponse
 
 from runs import selectors, services
 from runs.exceptions import RunsError, ValidationFailed
+from runs.graphs.streams import frames as graph_frames
 from runs.hub import hub
 from runs.models import RunEvent, RunStatus
 
@@ -188,6 +189,8 @@ def frames_for(event: RunEvent, modes: list[str]) -> list[tuple[str, Any]]:
     """The (SSE event name, data) pairs a run event becomes under the requested modes."""
     want = set(modes) if modes else set(STREAM_MODES)
     kind, data = event.kind, event.data or {}
+    if kind == "graph":  # a chunk of a LangGraph graph's own stream (runs/graphs/streams.py)
+        return graph_frames(data, modes, event.seq)
     out: list[tuple[str, Any]] = []
     if kind == "step":
         if "values" in want:

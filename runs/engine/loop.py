@@ -11,6 +11,7 @@ import logging
 import secrets
 from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 from runs import services
 from runs.engine.agent import Agent
@@ -86,11 +87,12 @@ class StepLoop:
                 )
         if checkpoint is not None:
             return checkpoint, calls
-        base = None
+        base_id: UUID | None = None
+        base_values: dict[str, Any] = {}
         if getattr(self.run, "fresh", False) and hasattr(self.run, "base_checkpoint_id"):
             # The claim already read the thread's latest checkpoint (PostgreSQL).
             if self.run.base_checkpoint_id is not None:
-                base = {"id": self.run.base_checkpoint_id, "values": self.run.base_values}
+                base_id, base_values = self.run.base_checkpoint_id, self.run.base_values or {}
         elif self.run.thread_id is not None:
             base = (
                 Checkpoint.objects.filter(thread_id=self.run.thread_id)
@@ -98,10 +100,12 @@ class StepLoop:
                 .values("id", "values")
                 .first()
             )
-        values = dict(base["values"]) if base else {}
+            if base is not None:
+                base_id, base_values = base["id"], base["values"]
+        values = dict(base_values)
         values["messages"] = [*values.get("messages", []), _user_message(self.run.input)]
         values["output"] = None
-        first = services.StepWrite(uuid7(), 0, values, [], base["id"] if base else None)
+        first = services.StepWrite(uuid7(), 0, values, [], base_id)
         self._unsaved.append(first)
         return first, calls
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from functools import cache
 
@@ -12,6 +13,7 @@ from django.utils.module_loading import import_string
 from runs.engine.agent import Agent, flatten_agents
 from runs.exceptions import NotFound
 
+logger = logging.getLogger("runs.engine")
 _lock = threading.Lock()
 _extra: dict[str, Agent] = {}
 
@@ -28,6 +30,12 @@ def _configured() -> dict[str, Agent]:
             if agent.id in agents and agents[agent.id] is not agent:
                 raise ImproperlyConfigured(f"RUNS_AGENTS: agent id {agent.id!r} is defined twice")
             agents[agent.id] = agent
+    from runs.graphs.loader import configured_graphs  # RUNS_GRAPHS: LangGraph graphs as agents
+
+    for graph_id, graph in configured_graphs().items():
+        if graph_id in agents:  # the user's graph wins over a built-in agent of the same id
+            logger.warning("RUNS_GRAPHS: graph %r replaces the agent of that id", graph_id)
+        agents[graph_id] = graph
     return agents
 
 
@@ -43,6 +51,13 @@ def get_agent(agent_id: str) -> Agent:
             f"Agent {agent_id!r} not found (registered: {known})", code="agent_not_found"
         )
     return agent
+
+
+def tool_description(agent_id: str, tool_name: str | None) -> str:
+    """What a tool says it does ("" for an unknown agent or tool): shown to reviewers."""
+    agent = all_agents().get(agent_id)
+    tool = agent.get_tool(tool_name) if agent is not None and tool_name else None
+    return tool.description if tool is not None else ""
 
 
 def register(agent: Agent) -> Agent:

@@ -41,7 +41,13 @@ from runs.services.finish import run_acknowledge_cancel, run_fail_attempt, run_f
 from runs.services.queue import run_claim, run_heartbeat, run_release, run_set_deadline, runs_reap
 from runs.services.runs import run_create, run_create_child
 from runs.services.steps import run_emit, run_save_steps, run_suspend, tool_call_update
-from runs.services.threads import thread_create, thread_delete, thread_update, thread_update_state
+from runs.services.threads import (
+    thread_create,
+    thread_delete,
+    thread_resolve_suspended,
+    thread_update,
+    thread_update_state,
+)
 
 __all__ = [
     "CANCEL_CHANNEL",
@@ -79,6 +85,7 @@ __all__ = [
     "runs_reap",
     "thread_create",
     "thread_delete",
+    "thread_resolve_suspended",
     "thread_resume",
     "thread_update",
     "thread_update_state",

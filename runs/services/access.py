@@ -16,9 +16,10 @@ def api_key_create(*, name: str, resource_id: str | None = None) -> tuple[ApiKey
     import secrets
 
     if not name or len(name) > 100:
-        raise ValidationFailed(
-            "name must be 1 to 100 characters",
-            errors=[{"field": "name", "message": "1 to 100 characters"}],
+        raise ValidationFailed.field(
+            "name",
+            "1 to 100 characters",
+            detail="name must be 1 to 100 characters",
         )
     raw = "rs_" + secrets.token_urlsafe(32)
     key = ApiKey.objects.create(

@@ -20,9 +20,11 @@ from runs.models import (
 )
 from runs.services.core import (
     CANCEL_CHANNEL,
+    LEASE_CLEARED,
     _append_events,
     _audit,
     _check_scope,
+    _clear_lease,
     _latest_thread_values,
     _lock_run,
     _lock_thread,
@@ -58,7 +60,9 @@ def run_cancel(
     return result
 
 
-def _cancel_locked(run: Run, *, action: str, actor: Actor, reason: str = "") -> Run | None:
+def _cancel_locked(
+    run: Run, *, action: str, actor: Actor, reason: str = "", via: str = ""
+) -> Run | None:
     transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc())
     if run.status in TERMINAL_STATUSES:
         raise Conflict(
@@ -73,7 +77,10 @@ def _cancel_locked(run: Run, *, action: str, actor: Actor, reason: str = "") -> 
         run=run,
         reason=reason,
         before={"status": run.status},
-        after={"status": "deleted" if action == CancelAction.ROLLBACK else RunStatus.INTERRUPTED},
+        after={
+            "status": "deleted" if action == CancelAction.ROLLBACK else RunStatus.INTERRUPTED,
+            **({"via": via} if via else {}),
+        },
     )
     if run.status == RunStatus.RUNNING:
         if run.cancel_requested_at is None or run.cancel_action != action:
@@ -113,9 +120,7 @@ def _apply_cancel(run: Run, *, action: str, actor: Actor, reason: str = "") -> R
     run.cancel_action = CancelAction.INTERRUPT
     run.cancel_requested_at = run.cancel_requested_at or now
     run.cancel_reason = run.cancel_reason or reason
-    run.lease_owner = None
-    run.lease_expires_at = None
-    run.deadline_at = None
+    _clear_lease(run)
     run.save(
         update_fields=[
             "status",
@@ -123,9 +128,7 @@ def _apply_cancel(run: Run, *, action: str, actor: Actor, reason: str = "") -> R
             "cancel_action",
             "cancel_requested_at",
             "cancel_reason",
-            "lease_owner",
-            "lease_expires_at",
-            "deadline_at",
+            *LEASE_CLEARED,
             "updated_at",
         ]
     )
@@ -181,9 +184,10 @@ def runs_cancel_many(
     """
     _validate_choice(action, CancelAction.values, "action")
     if status is not None and (run_ids is not None or thread_id is not None):
-        raise ValidationFailed(
-            "When providing a 'status', 'thread_id' and 'run_ids' must be omitted",
-            errors=[{"field": "status", "message": "cannot be combined with thread_id/run_ids"}],
+        raise ValidationFailed.field(
+            "status",
+            "cannot be combined with thread_id/run_ids",
+            detail="When providing a 'status', 'thread_id' and 'run_ids' must be omitted",
         )
     qs = queryset if queryset is not None else Run.objects.all()
     qs = qs.filter(parent_run__isnull=True)
@@ -200,11 +204,10 @@ def runs_cancel_many(
     elif thread_id is not None:
         qs = qs.filter(thread_id=thread_id, status__in=(RunStatus.PENDING, RunStatus.RUNNING))
     elif queryset is None:
-        raise ValidationFailed(
-            "Give run_ids, thread_id or status",
-            errors=[
-                {"field": "status", "message": "one of run_ids, thread_id, status is required"}
-            ],
+        raise ValidationFailed.field(
+            "status",
+            "one of run_ids, thread_id, status is required",
+            detail="Give run_ids, thread_id or status",
         )
     else:
         qs = qs.filter(status__in=ACTIVE_STATUSES)

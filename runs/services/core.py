@@ -8,11 +8,13 @@ still match, so a worker that lost its lease cannot write anything.
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final, cast
 from uuid import UUID
 
 from django.conf import settings
@@ -22,7 +24,15 @@ from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from runs import live
-from runs.contracts import Actor, FenceResult, Lease, actor_name
+from runs.contracts import (
+    Actor,
+    Event,
+    FenceResult,
+    JSONObject,
+    JSONValue,
+    Lease,
+    actor_name,
+)
 from runs.engine import wakeup
 from runs.exceptions import LeaseLost, NotFound, ValidationFailed
 from runs.models import (
@@ -55,6 +65,18 @@ REJECT_MESSAGE = (
 DEFAULT_DECLINE_TEXT = "The reviewer declined this tool call."
 
 
+# The columns of a run's lease, cleared together whenever a run stops running (nobody holds it):
+# `.update(**LEASE_CLEARED)`, or `_clear_lease(run)` then `save(update_fields=[*LEASE_CLEARED])`.
+LEASE_CLEARED: Final[Mapping[str, None]] = MappingProxyType(
+    {"lease_owner": None, "lease_expires_at": None, "deadline_at": None}
+)
+
+
+def _clear_lease(run: Run) -> None:
+    for name, value in LEASE_CLEARED.items():
+        setattr(run, name, value)
+
+
 def _now() -> datetime:
     return timezone.now()
 
@@ -63,14 +85,17 @@ def _is_postgres() -> bool:
     return connection.vendor == "postgresql"
 
 
-def _update_returning(qs: QuerySet, returning: Sequence[str], **values: Any) -> list[tuple]:
+def _update_returning(
+    qs: QuerySet[Any], returning: Sequence[str], **values: object
+) -> list[tuple[Any, ...]]:
     """UPDATE … RETURNING through the ORM (PostgreSQL and SQLite ≥ 3.35 both support it).
 
     Django's public update() returns only a row count; the fenced writes need the row back in
     the same statement so the fence check, the event-sequence bump and the cancel check are one
     round trip. This uses the compiler's `execute_returning_sql` (Django 6.1, pinned).
     """
-    query = qs.query.chain(UpdateQuery)
+    # chain(klass) returns an instance of klass; the stub only says Query.
+    query = cast(UpdateQuery, qs.query.chain(UpdateQuery))
     query.add_update_values(values)
     query.clear_select_clause()
     model = qs.model
@@ -105,7 +130,7 @@ def _publish(run: Run, *, status: str | None = None, seq: int | None = None) -> 
     )
 
 
-def _append_events(run_id: UUID, events: Sequence[tuple[str, dict[str, Any], str]]) -> int:
+def _append_events(run_id: UUID, events: Sequence[Event]) -> int:
     """Add events to a run's timeline and return the last seq. Caller holds the run's row lock."""
     if not events:
         return Run.objects.filter(id=run_id).values_list("last_seq", flat=True).first() or 0
@@ -126,7 +151,7 @@ def _append_events(run_id: UUID, events: Sequence[tuple[str, dict[str, Any], str
     return last
 
 
-def _insert_events(run_id: UUID, last_seq: int, events: Sequence[tuple[str, dict, str]]) -> None:
+def _insert_events(run_id: UUID, last_seq: int, events: Sequence[Event]) -> None:
     """Insert events whose seqs were already reserved (ending at last_seq) by a fenced update."""
     first = last_seq - len(events) + 1
     RunEvent.objects.bulk_create(
@@ -142,8 +167,8 @@ def _audit(
     run: Run | None = None,
     tool_call_id: str = "",
     reason: str = "",
-    before: Any = None,
-    after: Any = None,
+    before: JSONValue = None,
+    after: JSONValue = None,
     thread_id: UUID | None = None,
 ) -> AuditEntry:
     return AuditEntry.objects.create(
@@ -177,7 +202,7 @@ def _lock_run(run_id: UUID) -> Run:
     return run
 
 
-def _latest_thread_values(thread_id: UUID) -> Any:
+def _latest_thread_values(thread_id: UUID) -> JSONObject | None:
     return (
         Checkpoint.objects.filter(thread_id=thread_id)
         .order_by("-created_at", "-id")
@@ -186,11 +211,20 @@ def _latest_thread_values(thread_id: UUID) -> Any:
     )
 
 
-_UNSET: Any = object()
+class _Unset(enum.Enum):
+    """The default of parameters for which None is a meaningful value."""
+
+    UNSET = enum.auto()
+
+
+_UNSET: Final = _Unset.UNSET
 
 
 def _refresh_thread(
-    thread_id: UUID | None, *, values: Any = _UNSET, finished_status: str | None = None
+    thread_id: UUID | None,
+    *,
+    values: JSONObject | _Unset | None = _UNSET,
+    finished_status: str | None = None,
 ) -> str | None:
     """Derive the thread's status from its runs (and optionally store new values).
 
@@ -222,7 +256,7 @@ def _refresh_thread(
         default=Value(idle),
     )
     now = _now()
-    update: dict[str, Any] = {"status": status, "updated_at": now}
+    update: dict[str, object] = {"status": status, "updated_at": now}
     # A stateless run's thread expires once nothing on it is in flight (the reaper deletes it
     # after a grace period, so a stream or join that is reading the end still finds it).
     # Twin: the `thread` CTE of finish._FINISH_SQL_POSTGRES.
@@ -250,34 +284,38 @@ def _check_scope(obj: Thread | Run, pinned_resource_id: str | None, what: str) -
         raise NotFound(f"{what} {obj.id} not found")
 
 
-def _check_json_size(value: Any, field_name: str, limit: int = 1_000_000) -> None:
+def _check_json_size(value: JSONValue, field_name: str, limit: int = 1_000_000) -> None:
     """Refuse values PostgreSQL's jsonb cannot store (NaN, Infinity, NUL) or that are too big."""
 
     try:
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
-        raise ValidationFailed(
-            f"{field_name} is not valid JSON (NaN and Infinity are not allowed)",
-            errors=[{"field": field_name, "message": "not valid JSON"}],
+        raise ValidationFailed.field(
+            field_name,
+            "not valid JSON",
+            detail=f"{field_name} is not valid JSON (NaN and Infinity are not allowed)",
         ) from None
     if "\\u0000" in text:
-        raise ValidationFailed(
-            f"{field_name} contains a NUL character (\\u0000), which cannot be stored",
-            errors=[{"field": field_name, "message": "contains \\u0000"}],
+        raise ValidationFailed.field(
+            field_name,
+            "contains \\u0000",
+            detail=f"{field_name} contains a NUL character (\\u0000), which cannot be stored",
         )
     if len(text) > limit:
-        raise ValidationFailed(
-            f"{field_name} is too large ({len(text)} bytes, limit {limit})",
-            errors=[{"field": field_name, "message": "too large"}],
+        raise ValidationFailed.field(
+            field_name,
+            "too large",
+            detail=f"{field_name} is too large ({len(text)} bytes, limit {limit})",
         )
 
 
 def _validate_choice(value: str, choices: Iterable[str], field_name: str) -> str:
     allowed = list(choices)
     if value not in allowed:
-        raise ValidationFailed(
-            f"{field_name} must be one of {', '.join(allowed)}; got {value!r}",
-            errors=[{"field": field_name, "message": f"must be one of {', '.join(allowed)}"}],
+        raise ValidationFailed.field(
+            field_name,
+            f"must be one of {', '.join(allowed)}",
+            detail=f"{field_name} must be one of {', '.join(allowed)}; got {value!r}",
         )
     return value
 
@@ -298,7 +336,7 @@ def _lock_run_if(run_id: UUID, condition: Q) -> Run | None:
     return run
 
 
-def _fence(lease: Lease, *, events: int = 0, **changes: Any) -> FenceResult:
+def _fence(lease: Lease, *, events: int = 0, **changes: object) -> FenceResult:
     """Check that `lease` still holds the run, reserving `events` sequence numbers.
 
     One statement: UPDATE … WHERE id, owner, attempt, status=running RETURNING. It also takes

@@ -9,17 +9,20 @@ from typing import Any
 from django.db import transaction
 
 from runs import metrics
-from runs.contracts import Actor, actor_name
+from runs.contracts import Actor, JSONObject, JSONValue, actor_name
 from runs.engine.registry import get_agent
 from runs.exceptions import AlreadyDecided, Conflict, NotFound, ValidationFailed
 from runs.models import (
     PENDING_DECISION_STATUSES,
+    CancelAction,
     Run,
     RunStatus,
     Thread,
     ToolCall,
     ToolCallStatus,
 )
+from runs.services import conventions
+from runs.services.cancel import _cancel_locked
 from runs.services.core import (
     QUEUE_CHANNEL,
     _append_events,
@@ -95,7 +98,7 @@ def tool_call_approve(
     run: Run,
     actor: Actor,
     tool_call_id: str | None = None,
-    args: dict[str, Any] | None = None,
+    args: JSONObject | None = None,
     pinned_resource_id: str | None = None,
 ) -> Run:
     """Approve a tool call awaiting approval, optionally with edited arguments."""
@@ -121,9 +124,10 @@ def tool_call_decline(
     """Decline a waiting tool call; the model gets the reason instead of a result."""
     _check_scope(run, pinned_resource_id, "Run")
     if reason is not None and len(reason) > 10_000:
-        raise ValidationFailed(
-            "reason is too long (10000 characters at most)",
-            errors=[{"field": "reason", "message": "too long"}],
+        raise ValidationFailed.field(
+            "reason",
+            "too long",
+            detail="reason is too long (10000 characters at most)",
         )
     with transaction.atomic():
         locked = _lock_run(run.id)
@@ -137,7 +141,7 @@ def tool_call_answer(
     *,
     run: Run,
     actor: Actor,
-    resume_data: Any,
+    resume_data: JSONValue,
     tool_call_id: str | None = None,
     pinned_resource_id: str | None = None,
 ) -> Run:
@@ -152,7 +156,7 @@ def tool_call_answer(
         return _after_decision(locked, actor)
 
 
-def thread_resume(*, thread: Thread, resume: Any, actor: Actor) -> Run:
+def thread_resume(*, thread: Thread, resume: JSONValue, actor: Actor) -> Run:
     """LangGraph `command.resume`: decide the waiting tool calls of the thread's suspended run.
 
     For an approval the value is {"approved": true[, "args": {...}]} or {"approved": false,
@@ -173,6 +177,10 @@ def thread_resume(*, thread: Thread, resume: Any, actor: Actor) -> Run:
             )
         run = _lock_run(run_id)
         waiting = _waiting_calls(run)
+        # The Agent Inbox's [HumanResponse] list, or LangChain's {"decisions": [...]}.
+        in_convention = conventions.parse(waiting, resume, _tool_parameters(run, waiting))
+        if in_convention is not None:
+            return _carry_out(run, in_convention, actor)
         by_id = {tc.tool_call_id: tc for tc in waiting}
         if (
             isinstance(resume, dict)
@@ -193,15 +201,11 @@ def thread_resume(*, thread: Thread, resume: Any, actor: Actor) -> Run:
         for tc, value in plan:
             if tc.status == ToolCallStatus.AWAITING_APPROVAL:
                 if not isinstance(value, dict) or not isinstance(value.get("approved"), bool):
-                    raise ValidationFailed(
-                        f"Tool call {tc.tool_call_id} needs an approval: resume with "
+                    raise ValidationFailed.field(
+                        f"resume.{tc.tool_call_id}",
+                        'expected {"approved": bool}',
+                        detail=f"Tool call {tc.tool_call_id} needs an approval: resume with "
                         '{"approved": true} or {"approved": false, "reason": "..."}',
-                        errors=[
-                            {
-                                "field": f"resume.{tc.tool_call_id}",
-                                "message": 'expected {"approved": bool}',
-                            }
-                        ],
                     )
                 if value["approved"]:
                     args = value.get("args")
@@ -222,18 +226,53 @@ def thread_resume(*, thread: Thread, resume: Any, actor: Actor) -> Run:
         return _after_decision(run, actor)
 
 
-def _looks_like_value_for(tc: ToolCall, value: dict[str, Any]) -> bool:
+def _tool_parameters(run: Run, waiting: list[ToolCall]) -> dict[str, dict[str, Any] | None]:
+    try:
+        agent = get_agent(run.agent_id)
+    except NotFound:
+        return {}
+    tools = {tc.tool_name: agent.get_tool(tc.tool_name) for tc in waiting}
+    return {name: tool.parameters if tool else None for name, tool in tools.items()}
+
+
+def _carry_out(run: Run, decisions: list[conventions.Decision], actor: Actor) -> Run:
+    """Carry out decisions read from a convention (caller holds the thread and run locks)."""
+    if any(d.kind == "ignore" for d in decisions):
+        # "Ignore" resolves the item without running the tool: the run ends interrupted
+        # (audited as a cancel with that reason).
+        via = next(d.via for d in decisions if d.kind == "ignore")
+        _cancel_locked(
+            run,
+            action=CancelAction.INTERRUPT,
+            actor=actor,
+            reason=conventions.IGNORED_REASON,
+            via=via,
+        )
+        return run
+    for d in decisions:
+        tc = d.tool_call
+        if d.kind == "approve":
+            if d.args is not None:
+                _validate_edited_args(run, tc, d.args)
+            _decide(run, tc, decision="approved", actor=actor, args=d.args, via=d.via)
+        elif d.kind == "decline":
+            _decide(run, tc, decision="declined", actor=actor, reason=d.reason, via=d.via)
+        else:
+            _validate_resume_data(tc, d.data)
+            _decide(run, tc, decision="answered", actor=actor, resume_data=d.data, via=d.via)
+    return _after_decision(run, actor)
+
+
+def _looks_like_value_for(tc: ToolCall, value: JSONObject) -> bool:
     # {"approved": ...} or data matching the tool's schema is a value, not an id map.
     if tc.status == ToolCallStatus.AWAITING_APPROVAL:
         return "approved" in value
     return not schema_errors(tc.resume_schema, value)
 
 
-def _validate_edited_args(run: Run, tc: ToolCall, args: Any) -> None:
+def _validate_edited_args(run: Run, tc: ToolCall, args: JSONValue) -> None:
     if not isinstance(args, dict):
-        raise ValidationFailed(
-            "args must be an object", errors=[{"field": "args", "message": "must be an object"}]
-        )
+        raise ValidationFailed.field("args", "must be an object", detail="args must be an object")
     _check_json_size(args, "args")
     if tc.child_run_id is not None:
         return  # checked against the sub-agent's tool when carried down
@@ -253,7 +292,7 @@ def _validate_edited_args(run: Run, tc: ToolCall, args: Any) -> None:
             )
 
 
-def _validate_resume_data(tc: ToolCall, data: Any) -> None:
+def _validate_resume_data(tc: ToolCall, data: JSONValue) -> None:
     _check_json_size(data, "resume_data")
     errors = schema_errors(tc.resume_schema, data)
     if errors:
@@ -278,13 +317,16 @@ def _decide(
     *,
     decision: str,
     actor: Actor,
-    args: dict[str, Any] | None = None,
+    args: JSONObject | None = None,
     reason: str = "",
-    resume_data: Any = None,
+    resume_data: JSONValue = None,
     carry_down: bool = True,
     carried_from: Run | None = None,
+    via: str = "",
 ) -> None:
     """Record one decision on a waiting tool call (caller holds the run lock).
+
+    `via` names the convention the client decided in (e.g. "agent_inbox:edit"), for the audit.
 
     On a delegation call (`child_run` set) the decision is carried down to the sub-agent's
     waiting calls unless it came up from there (`carry_down=False`).
@@ -306,7 +348,7 @@ def _decide(
         tc.resume_data = resume_data
     tc.save()
     transaction.on_commit(lambda: _count_decision(decision, tc.suspended_at, now))
-    data: dict[str, Any] = {
+    data: JSONObject = {
         "tool_call_id": tc.tool_call_id,
         "tool_name": tc.tool_name,
         "decision": decision,
@@ -320,6 +362,8 @@ def _decide(
         data["resume_data"] = resume_data
     if carried_from is not None:
         data["carried_from_run_id"] = str(carried_from.id)
+    if via:
+        data["via"] = via
     run.last_seq = _append_events(run.id, [("decision", data, actor_name(actor))])
     _audit(
         actor=actor,
@@ -332,6 +376,7 @@ def _decide(
             "status": tc.status,
             "args": tc.args,
             **({"resume_data": resume_data} if decision == "answered" else {}),
+            **({"via": via} if via else {}),
         },
     )
     logger.info(
@@ -365,19 +410,22 @@ def _carry_down(
     *,
     decision: str,
     actor: Actor,
-    args: Any,
+    args: JSONObject | None,
     reason: str,
-    resume_data: Any,
+    resume_data: JSONValue,
 ) -> None:
     """A decision on a supervisor's delegation call decides the sub-agent's waiting calls."""
+    if tc.child_run_id is None:  # the caller checks; this narrows the type
+        return
     child = Run.objects.select_for_update(no_key=True).filter(id=tc.child_run_id).first()
     if child is None or child.status != RunStatus.SUSPENDED:
         return
     waiting = _waiting_calls(child)
     if args is not None and len(waiting) != 1:
-        raise ValidationFailed(
-            f"the sub-agent run {child.id} waits on {len(waiting)} calls; edit arguments on it directly",
-            errors=[{"field": "args", "message": "ambiguous for several sub-agent calls"}],
+        raise ValidationFailed.field(
+            "args",
+            "ambiguous for several sub-agent calls",
+            detail=f"the sub-agent run {child.id} waits on {len(waiting)} calls; edit arguments on it directly",
         )
     for inner in waiting:
         if decision == "approved" and inner.status != ToolCallStatus.AWAITING_APPROVAL:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from datetime import datetime
 from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
 
-from runs.contracts import FenceResult, Lease, StepWrite
+from runs.contracts import Event, FenceResult, JSONObject, JSONValue, Lease, StepWrite
 from runs.exceptions import LeaseLost
 from runs.models import (
     ACTIVE_STATUSES,
@@ -21,8 +21,10 @@ from runs.models import (
 from runs.services.cancel import _apply_cancel
 from runs.services.core import (
     _UNSET,
+    LEASE_CLEARED,
     QUEUE_CHANNEL,
     _append_events,
+    _clear_lease,
     _complete_lease,
     _fence,
     _insert_events,
@@ -34,6 +36,7 @@ from runs.services.core import (
     _publish,
     _publish_fenced,
     _refresh_thread,
+    _Unset,
     _validate_choice,
     logger,
     stateless_expiry,
@@ -45,11 +48,11 @@ def run_finish(
     *,
     lease: Lease,
     status: str,
-    output: Any = None,
-    error: dict[str, Any] | None = None,
-    values: Any = _UNSET,
+    output: JSONValue = None,
+    error: JSONObject | None = None,
+    values: JSONObject | _Unset | None = _UNSET,
     steps: Sequence[StepWrite] = (),
-    events: Sequence[tuple[str, dict[str, Any], str]] = (),
+    events: Sequence[Event] = (),
 ) -> FenceResult:
     """End a run the worker holds (success, error or timeout), with its last steps, in one go.
 
@@ -57,7 +60,7 @@ def run_finish(
     one fenced UPDATE that also ends the run, bulk inserts, and the thread's new status.
     """
     _validate_choice(status, (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.TIMEOUT), "status")
-    finished: dict[str, Any] = {"status": status}
+    finished: dict[str, object] = {"status": status}
     if output is not None:
         finished["output"] = output
     if error is not None:
@@ -83,9 +86,7 @@ def run_finish(
             output=output,
             error=error,
             finished_at=now,
-            lease_owner=None,
-            lease_expires_at=None,
-            deadline_at=None,
+            **LEASE_CLEARED,
         )
         _write_steps(lease, steps)
         _insert_events(lease.run_id, fence.last_seq, all_events)
@@ -146,15 +147,15 @@ SELECT last_seq, cancel_action FROM f
 
 def _finish_success_postgres(
     lease: Lease,
-    output: Any,
-    values: Any,
+    output: JSONValue,
+    values: JSONObject | None,
     steps: Sequence[StepWrite],
-    all_events: Sequence[tuple[str, dict[str, Any], str]],
+    all_events: Sequence[Event],
 ) -> FenceResult:
     """The common end of a run as two statements: lock the thread, then one statement that
     fences and ends the run, writes its last steps and events, and updates the thread."""
     now = _now()
-    params = {
+    params: dict[str, UUID | str | int | datetime | None] = {
         "run": lease.run_id,
         "owner": lease.owner,
         "attempt": lease.attempt,
@@ -208,9 +209,9 @@ def _finish_locked(
     run: Run,
     *,
     status: str,
-    output: Any = None,
-    error: dict[str, Any] | None = None,
-    values: Any = _UNSET,
+    output: JSONValue = None,
+    error: JSONObject | None = None,
+    values: JSONObject | _Unset | None = _UNSET,
     kind: str = "finished",
 ) -> None:
     now = _now()
@@ -218,22 +219,18 @@ def _finish_locked(
     run.output = output
     run.error = error
     run.finished_at = now
-    run.lease_owner = None
-    run.lease_expires_at = None
-    run.deadline_at = None
+    _clear_lease(run)
     run.save(
         update_fields=[
             "status",
             "output",
             "error",
             "finished_at",
-            "lease_owner",
-            "lease_expires_at",
-            "deadline_at",
+            *LEASE_CLEARED,
             "updated_at",
         ]
     )
-    data: dict[str, Any] = {"status": status}
+    data: dict[str, object] = {"status": status}
     if output is not None:
         data["output"] = output
     if error is not None:
@@ -257,7 +254,7 @@ def _finish_locked(
     _publish(run)
 
 
-def run_fail_attempt(*, lease: Lease, error: dict[str, Any]) -> Run:
+def run_fail_attempt(*, lease: Lease, error: JSONObject) -> Run:
     """The agent raised. Retry (back to pending) while attempts remain, else end with error."""
     with transaction.atomic():
         thread_id = Run.objects.filter(id=lease.run_id).values_list("thread_id", flat=True).first()
@@ -268,12 +265,8 @@ def run_fail_attempt(*, lease: Lease, error: dict[str, Any]) -> Run:
             _finish_locked(run, status=RunStatus.ERROR, error=error)
             return run
         run.status = RunStatus.PENDING
-        run.lease_owner = None
-        run.lease_expires_at = None
-        run.deadline_at = None
-        run.save(
-            update_fields=["status", "lease_owner", "lease_expires_at", "deadline_at", "updated_at"]
-        )
+        _clear_lease(run)
+        run.save(update_fields=["status", *LEASE_CLEARED, "updated_at"])
         run.last_seq = _append_events(
             run.id, [("retry", {"attempt": run.attempt, "error": error}, "system")]
         )

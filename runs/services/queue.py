@@ -23,6 +23,7 @@ from runs.models import (
 )
 from runs.services.cancel import _apply_cancel
 from runs.services.core import (
+    LEASE_CLEARED,
     QUEUE_CHANNEL,
     _insert_events,
     _is_postgres,
@@ -111,7 +112,9 @@ def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
                         run.base_values = json.loads(run.base_values)
             else:
                 with transaction.atomic():
-                    runs = _claim_sqlite(**params)
+                    runs = _claim_sqlite(
+                        owner=owner, limit=limit, now=now, expires=expires, deadline=deadline
+                    )
                     RunEvent.objects.bulk_create(
                         RunEvent(
                             run_id=r.id,
@@ -251,9 +254,7 @@ def _reap(max_attempts: int) -> dict[str, int]:
             Run.objects.filter(expired, cancel_requested_at__isnull=True, attempt__lt=max_attempts),
             ["id", "thread_id", "last_seq", "attempt"],
             status=RunStatus.PENDING,
-            lease_owner=None,
-            lease_expires_at=None,
-            deadline_at=None,
+            **LEASE_CLEARED,
             updated_at=now,
             last_seq=F("last_seq") + 1,
         )
@@ -339,9 +340,7 @@ def run_release(*, lease: Lease) -> bool:
             ),
             ["last_seq"],
             status=RunStatus.PENDING,
-            lease_owner=None,
-            lease_expires_at=None,
-            deadline_at=None,
+            **LEASE_CLEARED,
             attempt=F("attempt") - 1,
             last_seq=F("last_seq") + 1,
             updated_at=_now(),

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 from uuid import UUID
 
 from django.db import transaction
 
-from runs.contracts import Actor, Lease, actor_name
+from runs.contracts import Actor, JSONObject, JSONValue, Lease, actor_name, assistant_uuid
 from runs.engine.registry import get_agent
 from runs.exceptions import Conflict, NotFound, Unsupported, ValidationFailed
 from runs.models import (
@@ -43,10 +42,10 @@ def run_create(
     agent_id: str,
     actor: Actor,
     thread_id: UUID | None = None,
-    input: Any = None,
-    command: dict[str, Any] | None = None,
-    metadata: dict[str, Any] | None = None,
-    kwargs: dict[str, Any] | None = None,
+    input: JSONValue = None,
+    command: JSONObject | None = None,
+    metadata: JSONObject | None = None,
+    kwargs: JSONObject | None = None,
     multitask_strategy: str = MultitaskStrategy.ENQUEUE,
     if_not_exists: str = "reject",
     after_seconds: float | None = None,
@@ -63,9 +62,10 @@ def run_create(
     _validate_choice(multitask_strategy, MultitaskStrategy.values, "multitask_strategy")
     _validate_choice(if_not_exists, ("reject", "create"), "if_not_exists")
     if after_seconds is not None and (after_seconds < 0 or after_seconds > 86400 * 365):
-        raise ValidationFailed(
-            "after_seconds must be between 0 and one year",
-            errors=[{"field": "after_seconds", "message": "out of range"}],
+        raise ValidationFailed.field(
+            "after_seconds",
+            "out of range",
+            detail="after_seconds must be between 0 and one year",
         )
     kwargs = dict(kwargs or {})
     on_completion = kwargs.get("on_completion")
@@ -85,9 +85,10 @@ def run_create(
         if command.get("resume") is None:
             raise ValidationFailed.field("command", "command needs 'resume'")
         if thread_id is None:
-            raise ValidationFailed(
-                "You must provide a thread_id when resuming.",
-                errors=[{"field": "thread_id", "message": "required with command.resume"}],
+            raise ValidationFailed.field(
+                "thread_id",
+                "required with command.resume",
+                detail="You must provide a thread_id when resuming.",
             )
         thread = _thread_in_scope(thread_id, pinned_resource_id)
         return thread_resume(thread=thread, resume=command["resume"], actor=actor)
@@ -108,23 +109,25 @@ def run_create(
         if thread_id is None:
             kwargs.setdefault("on_completion", "delete")
             thread = Thread.objects.create(
-                metadata={"stateless": True, "graph_id": agent_id},
+                metadata={"stateless": True, **_graph_metadata(agent_id)},
                 resource_id=pinned_resource_id,
                 delete_when_done=kwargs["on_completion"] == "delete",
             )
         else:
-            thread = Thread.objects.filter(id=thread_id).first()
-            if thread is None or (
-                pinned_resource_id is not None and thread.resource_id != pinned_resource_id
+            found = Thread.objects.filter(id=thread_id).first()
+            if found is None or (
+                pinned_resource_id is not None and found.resource_id != pinned_resource_id
             ):
-                if if_not_exists != "create" or thread is not None:
+                if if_not_exists != "create" or found is not None:
                     raise NotFound(f"Thread {thread_id} not found", code="thread_not_found")
-                thread = thread_create(
+                found = thread_create(
                     thread_id=thread_id,
-                    metadata={"graph_id": agent_id},
+                    metadata=_graph_metadata(agent_id),
                     pinned_resource_id=pinned_resource_id,
                 )
+            thread = found
         _lock_thread(thread.id)
+        _stamp_graph_metadata(thread, agent_id)
         inflight = list(
             Run.objects.select_for_update(no_key=True)
             .filter(
@@ -176,7 +179,27 @@ def run_create(
     return run
 
 
-def run_create_child(*, lease: Lease, tool_call: ToolCall, agent_id: str, input: Any) -> Lease:
+def _graph_metadata(agent_id: str) -> dict[str, str]:
+    return {"graph_id": agent_id, "assistant_id": assistant_uuid(agent_id)}
+
+
+def _stamp_graph_metadata(thread: Thread, agent_id: str) -> None:
+    """Stamp `graph_id` and `assistant_id` into the thread's metadata, as the LangGraph server
+    does, so `threads.search(metadata={"graph_id": …})` finds a graph's threads; keys the
+    caller set are kept. Caller holds the thread lock."""
+    wanted = _graph_metadata(agent_id)
+    if all(k in (thread.metadata or {}) for k in wanted):
+        return
+    current = Thread.objects.filter(id=thread.id).values_list("metadata", flat=True).first() or {}
+    missing = {k: v for k, v in wanted.items() if k not in current}
+    if missing:
+        thread.metadata = {**current, **missing}
+        Thread.objects.filter(id=thread.id).update(metadata=thread.metadata)
+
+
+def run_create_child(
+    *, lease: Lease, tool_call: ToolCall, agent_id: str, input: JSONValue
+) -> Lease:
     """Start (or take over) the sub-agent run of a delegation tool call, owned like its parent.
 
     The child never enters the queue: the parent's worker executes it inline, so it inherits the

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from django.db import transaction
 
 from runs import metrics
-from runs.contracts import FenceResult, Lease, StepWrite, SuspendPlan, interrupt_of
+from runs.contracts import (
+    Event,
+    FenceResult,
+    JSONObject,
+    JSONValue,
+    Lease,
+    StepWrite,
+    SuspendPlan,
+    interrupt_of,
+)
+from runs.engine.registry import tool_description
 from runs.models import (
     CancelAction,
     Checkpoint,
@@ -20,6 +29,7 @@ from runs.models import (
 from runs.services.cancel import _apply_cancel
 from runs.services.core import (
     _UNSET,
+    LEASE_CLEARED,
     _check_json_size,
     _complete_lease,
     _fence,
@@ -30,11 +40,12 @@ from runs.services.core import (
     _publish,
     _publish_fenced,
     _refresh_thread,
+    _Unset,
     logger,
 )
 
 
-def _step_event(w: StepWrite) -> tuple[str, dict[str, Any], str]:
+def _step_event(w: StepWrite) -> Event:
     return ("step", {"step": w.step, "checkpoint_id": str(w.id), "values": w.values}, "system")
 
 
@@ -57,8 +68,8 @@ def run_save_steps(
     *,
     lease: Lease,
     steps: Sequence[StepWrite],
-    new_tool_calls: Sequence[dict[str, Any]] = (),
-    events: Sequence[tuple[str, dict[str, Any], str]] = (),
+    new_tool_calls: Sequence[JSONObject] = (),
+    events: Sequence[Event] = (),
 ) -> FenceResult:
     """Write steps (checkpoints), the tool calls the model proposed, and timeline events."""
     lease = _complete_lease(lease)
@@ -81,15 +92,15 @@ def tool_call_update(
     lease: Lease,
     tool_call: ToolCall,
     status: str,
-    result: Any = _UNSET,
-    event: tuple[str, dict[str, Any], str] | None = None,
+    result: JSONValue | _Unset = _UNSET,
+    event: Event | None = None,
 ) -> FenceResult:
     """Record a tool call's progress (running / succeeded / failed) under the run's fence."""
     lease = _complete_lease(lease)
     with transaction.atomic():
         fence = _fence(lease, events=1 if event else 0)
         now = _now()
-        update: dict[str, Any] = {"status": status}
+        update: dict[str, object] = {"status": status}
         if status == ToolCallStatus.RUNNING:
             update["started_at"] = now
         if status in (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED):
@@ -105,7 +116,7 @@ def tool_call_update(
     return fence
 
 
-def run_emit(*, lease: Lease, kind: str, data: dict[str, Any]) -> None:
+def run_emit(*, lease: Lease, kind: str, data: JSONObject) -> None:
     """A custom event from inside a tool (`ctx.emit`), streamed as LangGraph `custom`."""
     _check_json_size(data, "data", limit=256_000)
     lease = _complete_lease(lease)
@@ -115,7 +126,7 @@ def run_emit(*, lease: Lease, kind: str, data: dict[str, Any]) -> None:
         _publish_fenced(lease, fence.last_seq)
 
 
-def run_suspend(*, plans: Sequence[SuspendPlan], values: dict[str, Any] | None = None) -> str:
+def run_suspend(*, plans: Sequence[SuspendPlan], values: JSONObject | None = None) -> str:
     """Park one run (or a supervisor with its sub-agents, innermost first) for a human.
 
     All plans commit together: a reviewer deciding the sub-agent's call can never find the
@@ -146,13 +157,12 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: dict[str, Any] | None =
                     resume_schema=w.get("resume_schema"),
                     suspended_at=now,
                 )
-                interrupts.append(interrupt_of(w))
+                description = tool_description(plan.lease.agent_id, w.get("tool_name"))
+                interrupts.append(interrupt_of({**w, "description": description}))
             Run.objects.filter(id=plan.lease.run_id).update(
                 status=RunStatus.SUSPENDED,
                 suspended_at=now,
-                lease_owner=None,
-                lease_expires_at=None,
-                deadline_at=None,
+                **LEASE_CLEARED,
                 updated_at=now,
             )
             _insert_events(

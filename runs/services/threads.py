@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
 from uuid import UUID
 
 from django.db import IntegrityError, transaction
 
-from runs.contracts import Actor
+from runs.contracts import Actor, JSONObject, JSONValue
 from runs.exceptions import Conflict, NotFound, ValidationFailed
 from runs.models import (
     ACTIVE_STATUSES,
+    CancelAction,
     Checkpoint,
     Run,
+    RunStatus,
     Thread,
 )
+from runs.services.cancel import _cancel_locked
 from runs.services.core import (
     _audit,
     _check_json_size,
@@ -27,16 +29,17 @@ from runs.services.core import (
 
 def thread_create(
     *,
-    metadata: dict[str, Any] | None = None,
+    metadata: JSONObject | None = None,
     thread_id: UUID | None = None,
     if_exists: str = "raise",
     pinned_resource_id: str | None = None,
 ) -> Thread:
     metadata = dict(metadata or {})
     if if_exists not in ("raise", "do_nothing"):
-        raise ValidationFailed(
-            f"if_exists must be 'raise' or 'do_nothing', not {if_exists!r}",
-            errors=[{"field": "if_exists", "message": "must be 'raise' or 'do_nothing'"}],
+        raise ValidationFailed.field(
+            "if_exists",
+            "must be 'raise' or 'do_nothing'",
+            detail=f"if_exists must be 'raise' or 'do_nothing', not {if_exists!r}",
         )
     _check_json_size(metadata, "metadata")
     resource = metadata.get("resource_id")
@@ -68,11 +71,11 @@ def thread_create(
     return thread
 
 
-def thread_update(*, thread: Thread, metadata: dict[str, Any]) -> Thread:
+def thread_update(*, thread: Thread, metadata: JSONObject) -> Thread:
     """Merge `metadata` into the thread's metadata (keys set to None are kept as None)."""
     if not isinstance(metadata, dict):
-        raise ValidationFailed(
-            "metadata must be an object", errors=[{"field": "metadata", "message": "not an object"}]
+        raise ValidationFailed.field(
+            "metadata", "not an object", detail="metadata must be an object"
         )
     with transaction.atomic():
         _lock_thread(thread.id)
@@ -107,12 +110,13 @@ def thread_delete(*, thread: Thread, actor: Actor) -> None:
         Thread.objects.filter(id=thread.id).delete()
 
 
-def thread_update_state(*, thread: Thread, values: Any, actor: Actor) -> Checkpoint:
+def thread_update_state(*, thread: Thread, values: JSONValue, actor: Actor) -> Checkpoint:
     """Write a checkpoint by hand (LangGraph `POST /threads/{id}/state`)."""
     if values is not None and not isinstance(values, dict):
-        raise ValidationFailed(
-            "values must be an object or null",
-            errors=[{"field": "values", "message": "must be an object or null"}],
+        raise ValidationFailed.field(
+            "values",
+            "must be an object or null",
+            detail="values must be an object or null",
         )
     _check_json_size(values, "values")
     with transaction.atomic():
@@ -133,6 +137,34 @@ def thread_update_state(*, thread: Thread, values: Any, actor: Actor) -> Checkpo
         Thread.objects.filter(id=thread.id).update(values=merged, updated_at=_now())
         _audit(actor=actor, action="state_update", thread_id=thread.id, after=values)
     return checkpoint
+
+
+RESOLVED_REASON = "marked as resolved in review"
+
+
+def thread_resolve_suspended(*, thread: Thread, actor: Actor) -> Checkpoint | None:
+    """LangGraph `update_state(values=None, as_node="__end__")` on a thread waiting for a human:
+    the Agent Inbox's "mark as resolved". The suspended run ends `interrupted` without running
+    the tools it waits on (audited); the thread keeps its latest checkpoint, which is returned.
+    Returns None when nothing on the thread waits for a human.
+    """
+    with transaction.atomic():
+        _lock_thread(thread.id)
+        run = (
+            Run.objects.select_for_update(no_key=True)
+            .filter(thread_id=thread.id, parent_run__isnull=True, status=RunStatus.SUSPENDED)
+            .first()
+        )
+        if run is None:
+            return None
+        _cancel_locked(
+            run,
+            action=CancelAction.INTERRUPT,
+            actor=actor,
+            reason=RESOLVED_REASON,
+            via="update_state:__end__",
+        )
+        return Checkpoint.objects.filter(thread_id=thread.id).order_by("-created_at", "-id").first()
 
 
 def _thread_in_scope(thread_id: UUID, pinned_resource_id: str | None) -> Thread:

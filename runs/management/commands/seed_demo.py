@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.test import override_settings
 
 from runs import services
+from runs.engine.registry import all_agents
 from runs.engine.worker import drain
 from runs.models import Run, RunStatus
 
@@ -18,6 +19,12 @@ USERS = [
     ("reviewer", False, "Reviewers"),
     ("support", False, "Support"),
 ]
+
+DEMO_EMAIL = {
+    "sender": "ada@acme.example",
+    "subject": "Charged twice for order A-1001",
+    "body": "Hi, my card was charged twice for the same order. Can you fix it?",
+}
 
 
 class Command(BaseCommand):
@@ -78,6 +85,13 @@ class Command(BaseCommand):
                 actor=actor,
             )
         services.run_create(agent_id="weather", thread_id=None, input={}, actor=actor)
+        if "email_triage" in all_agents():  # the LangGraph demo graph (make run registers it)
+            services.run_create(
+                agent_id="email_triage",
+                thread_id=thread("acme", "Ada").id,
+                input=DEMO_EMAIL,
+                actor=actor,
+            )
         services.run_create(
             agent_id="support",
             thread_id=thread("acme", "Alan").id,

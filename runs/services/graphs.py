@@ -1,0 +1,349 @@
+"""State changes of LangGraph graph runs: checkpoints, pending writes, stream events, suspension,
+resume and update_state (runs/graphs/ calls these; every worker write is fenced by the lease).
+
+A graph checkpoint is stored twice in one transaction: the serde's bytes in GraphCheckpoint
+(what the graph reads back) and, for the root namespace, a JSON projection of its values in
+Runsite's Checkpoint under the same id (what thread values, /wait results, the dashboard and a
+rollback's revert read). Both belong to the run that wrote them, so a rollback deletes both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from django.db import transaction
+
+from runs import metrics
+from runs.contracts import Actor, FenceResult, Lease
+from runs.exceptions import Conflict
+from runs.models import (
+    ACTIVE_STATUSES,
+    CancelAction,
+    Checkpoint,
+    GraphCheckpoint,
+    GraphWrite,
+    Run,
+    RunStatus,
+    Thread,
+    ToolCall,
+    ToolCallStatus,
+)
+from runs.services.cancel import _apply_cancel
+from runs.services.core import (
+    _audit,
+    _check_json_size,
+    _complete_lease,
+    _fence,
+    _insert_events,
+    _lock_run,
+    _lock_thread,
+    _now,
+    _publish,
+    _publish_fenced,
+    _refresh_thread,
+    logger,
+)
+from runs.services.decisions import (
+    _after_decision,
+    _decide,
+    _validate_resume_data,
+    _waiting_calls,
+)
+
+Event = tuple[str, dict[str, Any], str]
+
+
+@dataclass
+class GraphCheckpointWrite:
+    """One LangGraph checkpoint to store (built by runs/graphs/checkpointer.py)."""
+
+    thread_id: UUID
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    type: str
+    blob: bytes
+    metadata: dict[str, Any]
+    step: int  # LangGraph's step (-1 for the input checkpoint)
+    values: dict[str, Any] | None  # JSON projection (root namespace only)
+
+
+@dataclass
+class GraphWritesWrite:
+    thread_id: UUID
+    checkpoint_ns: str
+    checkpoint_id: str
+    task_id: str
+    task_path: str
+    rows: list[tuple[int, str, str, bytes]]  # (idx, channel, type, blob)
+    upsert: bool  # every write is special (__error__, __interrupt__…): the last one wins
+
+
+def _fenced(lease: Lease | None, events: Sequence[Event]) -> FenceResult | None:
+    if lease is None:
+        return None
+    fence = _fence(lease, events=len(events))
+    _insert_events(lease.run_id, fence.last_seq, events)
+    _publish_fenced(lease, fence.last_seq)
+    return fence
+
+
+def _store_checkpoint(w: GraphCheckpointWrite, run_id: UUID | None) -> None:
+    GraphCheckpoint.objects.update_or_create(
+        thread_id=w.thread_id,
+        checkpoint_ns=w.checkpoint_ns,
+        checkpoint_id=w.checkpoint_id,
+        defaults={
+            "parent_checkpoint_id": w.parent_checkpoint_id,
+            "run_id": run_id,
+            "type": w.type,
+            "checkpoint": w.blob,
+            "metadata": w.metadata,
+        },
+    )
+    if w.checkpoint_ns == "" and w.values is not None:
+        parent_id = UUID(w.parent_checkpoint_id) if w.parent_checkpoint_id else None
+        if parent_id is not None and not Checkpoint.objects.filter(id=parent_id).exists():
+            parent_id = None  # the parent was rolled back
+        # ignore_conflicts: a checkpoint put twice (a retried step) keeps its first projection.
+        Checkpoint.objects.bulk_create(
+            [
+                Checkpoint(
+                    id=UUID(w.checkpoint_id),
+                    thread_id=w.thread_id,
+                    run_id=run_id,
+                    parent_id=parent_id,
+                    step=max(0, w.step + 1),
+                    values=w.values,
+                    pending=[],
+                )
+            ],
+            ignore_conflicts=True,
+        )
+
+
+def graph_checkpoint_put(
+    *, lease: Lease | None, write: GraphCheckpointWrite, events: Sequence[Event] = ()
+) -> FenceResult | None:
+    """Store a checkpoint (and the stream events gathered since the last write).
+
+    With a lease: fenced, so a worker that lost its run writes nothing. Without one (tests,
+    update_state): the caller holds the thread.
+    """
+    lease = _complete_lease(lease) if lease is not None else None
+    with transaction.atomic():
+        fence = _fenced(lease, events)
+        _store_checkpoint(write, lease.run_id if lease else None)
+    return fence
+
+
+def graph_writes_put(
+    *, lease: Lease | None, write: GraphWritesWrite, events: Sequence[Event] = ()
+) -> FenceResult | None:
+    """Store one task's pending writes: the first value of an ordinary write is kept (a task
+    replayed after a crash must not replace its first result), special writes are upserted."""
+    lease = _complete_lease(lease) if lease is not None else None
+    with transaction.atomic():
+        fence = _fenced(lease, events)
+        key = {
+            "thread_id": write.thread_id,
+            "checkpoint_ns": write.checkpoint_ns,
+            "checkpoint_id": write.checkpoint_id,
+            "task_id": write.task_id,
+        }
+        run_id = lease.run_id if lease else None
+        if write.upsert:
+            for idx, channel, type_, blob in write.rows:
+                GraphWrite.objects.update_or_create(
+                    **key,
+                    idx=idx,
+                    defaults={
+                        "task_path": write.task_path,
+                        "channel": channel,
+                        "type": type_,
+                        "value": blob,
+                        "run_id": run_id,
+                    },
+                )
+        else:
+            GraphWrite.objects.bulk_create(
+                [
+                    GraphWrite(
+                        **key,
+                        task_path=write.task_path,
+                        idx=idx,
+                        channel=channel,
+                        type=type_,
+                        value=blob,
+                        run_id=run_id,
+                    )
+                    for idx, channel, type_, blob in write.rows
+                ],
+                ignore_conflicts=True,
+            )
+    return fence
+
+
+def graph_run_events(*, lease: Lease, events: Sequence[Event]) -> FenceResult | None:
+    """Append stream events of a graph run (custom, messages…) to its timeline."""
+    if not events:
+        return None
+    lease = _complete_lease(lease)
+    with transaction.atomic():
+        return _fenced(lease, events)
+
+
+def graph_thread_delete_checkpoints(*, thread_id: UUID) -> None:
+    """LangGraph's delete_thread: the graph's checkpoints and writes of a thread."""
+    with transaction.atomic():
+        GraphWrite.objects.filter(thread_id=thread_id).delete()
+        GraphCheckpoint.objects.filter(thread_id=thread_id).delete()
+        Checkpoint.objects.filter(thread_id=thread_id).delete()
+
+
+def graph_runs_delete_checkpoints(*, run_ids: Sequence[str]) -> None:
+    """LangGraph's delete_for_runs: what these runs wrote (their checkpoints and writes)."""
+    with transaction.atomic():
+        GraphWrite.objects.filter(run_id__in=list(run_ids)).delete()
+        GraphCheckpoint.objects.filter(run_id__in=list(run_ids)).delete()
+        Checkpoint.objects.filter(run_id__in=list(run_ids)).delete()
+
+
+def graph_run_suspend(
+    *,
+    lease: Lease,
+    waiting: Sequence[dict[str, Any]],
+    values: dict[str, Any] | None,
+    events: Sequence[Event] = (),
+) -> str:
+    """Park a graph run for a human: one waiting tool call per pending interrupt.
+
+    `waiting` items carry tool_call_id (the interrupt id), status, tool_name, args,
+    suspend_payload (the interrupt value, untouched) and resume_schema. A cancel requested
+    while the run was running wins, as in steps.run_suspend. Returns the run's new status.
+    """
+    lease = _complete_lease(lease)
+    interrupts = [{"id": w["tool_call_id"], "value": w["suspend_payload"]} for w in waiting]
+    with transaction.atomic():
+        _lock_thread(lease.thread_id)
+        fence = _fence(lease, events=len(events) + 1)
+        if fence.cancel_action:
+            _insert_events(lease.run_id, fence.last_seq - 1, events)
+            run = Run.objects.select_for_update(no_key=True).get(id=lease.run_id)
+            _apply_cancel(run, action=fence.cancel_action, actor=None)
+            return "deleted" if fence.cancel_action == CancelAction.ROLLBACK else run.status
+        now = _now()
+        for w in waiting:
+            # An interrupt id seen before (its answer failed the graph's schema) waits again.
+            ToolCall.objects.update_or_create(
+                run_id=lease.run_id,
+                tool_call_id=w["tool_call_id"],
+                defaults={
+                    "tool_name": w["tool_name"],
+                    "args": w.get("args") or {},
+                    "status": w["status"],
+                    "requires_approval": w["status"] == ToolCallStatus.AWAITING_APPROVAL,
+                    "suspend_payload": w["suspend_payload"],
+                    "resume_schema": w.get("resume_schema"),
+                    "resume_data": None,
+                    "decided_by": "",
+                    "decided_at": None,
+                    "step": w.get("step", 0),
+                    "suspended_at": now,
+                },
+            )
+        Run.objects.filter(id=lease.run_id).update(
+            status=RunStatus.SUSPENDED,
+            suspended_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
+            deadline_at=None,
+            updated_at=now,
+        )
+        _insert_events(
+            lease.run_id,
+            fence.last_seq,
+            [*events, ("suspended", {"interrupts": interrupts}, "system")],
+        )
+        run = Run.objects.get(id=lease.run_id)
+        logger.info(
+            "suspend run=%s agent=%s attempt=%s waiting=%s",
+            run.id,
+            run.agent_id,
+            run.attempt,
+            [w["tool_call_id"] for w in waiting],
+        )
+        _publish(run)
+        if values is not None:
+            _refresh_thread(lease.thread_id, values=values)
+        else:
+            _refresh_thread(lease.thread_id)
+    metrics.SUSPENSIONS.inc()
+    return RunStatus.SUSPENDED
+
+
+def graph_thread_resume(*, thread: Thread, resume: Any, actor: Actor) -> Run:
+    """`command.resume` on a graph thread: answer the interrupts its suspended run waits on.
+
+    A map {interrupt_id: value} answers those interrupts; any other value answers the only
+    one. Values are kept as given and handed to the graph as Command(resume=…).
+    """
+    _check_json_size(resume, "command.resume")
+    with transaction.atomic():
+        _lock_thread(thread.id)
+        run_id = (
+            Run.objects.filter(thread=thread, status=RunStatus.SUSPENDED, parent_run__isnull=True)
+            .order_by("-suspended_at", "-id")
+            .values_list("id", flat=True)
+            .first()
+        )
+        if run_id is None:
+            raise Conflict(
+                f"Thread {thread.id} has no suspended run to resume", code="nothing_to_resume"
+            )
+        run = _lock_run(run_id)
+        waiting = _waiting_calls(run)
+        by_id = {tc.tool_call_id: tc for tc in waiting}
+        if isinstance(resume, dict) and resume and set(resume) <= set(by_id):
+            plan = [(by_id[k], v) for k, v in resume.items()]
+        elif len(waiting) == 1:
+            plan = [(waiting[0], resume)]
+        else:
+            raise Conflict(
+                f"Run {run.id} waits on {len(waiting)} interrupts; resume with a map "
+                f"{{interrupt_id: value}} (pending: {', '.join(by_id)})",
+                code="tool_call_required",
+                extra={"pending_tool_call_ids": list(by_id)},
+            )
+        for tc, value in plan:
+            if tc.status == ToolCallStatus.AWAITING_INPUT:
+                _validate_resume_data(tc, value)  # against the interrupt's response_schema
+            _decide(run, tc, decision="answered", actor=actor, resume_data=value)
+        return _after_decision(run, actor)
+
+
+def graph_thread_state_write(
+    *, thread: Thread, actor: Actor, write: Any, values: Any, as_node: str | None
+) -> Any:
+    """update_state on a graph thread: `write()` runs graph.update_state under the thread lock.
+
+    Refused while a run is in flight on the thread (a suspended one holds it), as for agents.
+    """
+    with transaction.atomic():
+        _lock_thread(thread.id)
+        if Run.objects.filter(
+            thread_id=thread.id, parent_run__isnull=True, status__in=ACTIVE_STATUSES
+        ).exists():
+            raise Conflict(f"Thread {thread.id} has in-flight runs", code="thread_busy")
+        config, projected = write()
+        Thread.objects.filter(id=thread.id).update(values=projected, updated_at=_now())
+        _audit(
+            actor=actor,
+            action="state_update",
+            thread_id=thread.id,
+            after={"values": values, "as_node": as_node},
+        )
+    return config
