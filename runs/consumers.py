@@ -210,15 +210,15 @@ class RunsConsumer(_BatchingConsumer):
             self.page = form.page_number
             self.shown = self._page_ids()
         elif self.view == "runs":
-            form = RunFilterForm(self.params)
-            self.filters = form.run_filters()
+            runs_form = RunFilterForm(self.params)
+            self.filters = runs_form.run_filters()
             self.queryset = (
                 selectors.with_queue_holder(selectors.runs_filtered(self.filters))
-                .order_by(*form.ordering)
+                .order_by(*runs_form.ordering)
                 .prefetch_related(selectors.waiting_tool_calls_prefetch())
             )
-            self.ordering = form.ordering
-            self.page = form.page_number
+            self.ordering = runs_form.ordering
+            self.page = runs_form.page_number
             self.shown = self._page_ids()
         else:
             raise ValueError(f"unknown view {self.view!r}")
@@ -315,13 +315,13 @@ class RunsConsumer(_BatchingConsumer):
         """
         inbox = self.view == "inbox"
         prefix = "inbox-row-" if inbox else "run-row-"
-        changes = relevant_changes(changes, top_level_only=self.filters.top_level_only)
-        if not changes:
+        relevant = relevant_changes(changes, top_level_only=self.filters.top_level_only)
+        if not relevant:
             return ""
-        ids = [UUID(c["run_id"]) for c in changes if c.get("status") != "deleted"]
+        ids = [UUID(c["run_id"]) for c in relevant if c.get("status") != "deleted"]
         matching = {str(i) for i in self.queryset.filter(id__in=ids).values_list("id", flat=True)}
         plan = plan_rows(
-            changes,
+            relevant,
             inbox=inbox,
             shown=self.shown,
             watched=self.watched,
@@ -387,6 +387,7 @@ class RunConsumer(_BatchingConsumer):
     io_every_seconds = 2.0  # input/output/state can be large: refreshed at most this often
 
     def prepare(self) -> list[str]:
+        assert self.user is not None  # connect() refused anonymous sockets
         self.user.get_all_permissions()
         self.fragments = Fragments(self.user)
         self.run_id = self.scope["url_route"]["kwargs"]["run_id"]

@@ -39,6 +39,12 @@ class DateTimeInput(forms.DateTimeInput):
         super().__init__(format="%Y-%m-%dT%H:%M")
 
 
+def _choice_field(form: forms.Form, name: str) -> forms.ChoiceField:
+    field = form.fields[name]
+    assert isinstance(field, forms.ChoiceField)
+    return field
+
+
 class _FilterForm(forms.Form):
     """GET filters: invalid values are reported and ignored, never a 500."""
 
@@ -63,8 +69,8 @@ class InboxFilterForm(_FilterForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["agent"].choices = agent_choices()
-        self.fields["tool"].choices = tool_choices()
+        _choice_field(self, "agent").choices = agent_choices()
+        _choice_field(self, "tool").choices = tool_choices()
 
     def run_filters(self) -> RunFilters:
         d = self.filters_kwargs()
@@ -111,7 +117,7 @@ class RunFilterForm(_FilterForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["agent"].choices = agent_choices()
+        _choice_field(self, "agent").choices = agent_choices()
 
     def run_filters(self) -> RunFilters:
         d = self.filters_kwargs()
@@ -161,7 +167,7 @@ class AuditFilterForm(_FilterForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["agent"].choices = agent_choices()
+        _choice_field(self, "agent").choices = agent_choices()
 
     def audit_filters(self) -> AuditFilters:
         d = self.filters_kwargs()
@@ -343,7 +349,7 @@ class BulkCancelForm(forms.Form):
         self.fields["run_ids"].valid_value = lambda value: True  # type: ignore[attr-defined]
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = super().clean() or {}
         if not data.get("all_matching") and not data.get("run_ids"):
             raise forms.ValidationError(
                 "Select at least one run, or every run matching the filter."

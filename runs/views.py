@@ -25,6 +25,7 @@ from django.http import (
     Http404,
     HttpRequest,
     HttpResponse,
+    HttpResponseBase,
     HttpResponseForbidden,
     StreamingHttpResponse,
 )
@@ -32,6 +33,7 @@ from django.shortcuts import redirect, render, resolve_url
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.middleware import HtmxDetails
 
 from runs import selectors, services
 from runs.exceptions import AlreadyDecided, NotFound, RunsError, ValidationFailed
@@ -49,14 +51,21 @@ from runs.fragments import CallForms, Fragments, bound_forms, form_id, tool_sche
 from runs.models import RunStatus, ToolCall
 from runs.permissions import can_cancel, can_review
 
-View = Callable[..., HttpResponse]
+
+class HtmxHttpRequest(HttpRequest):
+    """What django-htmx's middleware makes of every request (`request.htmx`)."""
+
+    htmx: HtmxDetails
+
+
+View = Callable[..., HttpResponseBase]
 
 
 def dashboard_view(view: View) -> View:
     """Login required; an htmx request from a signed-out browser is sent to the login page."""
 
     @wraps(view)
-    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def wrapped(request: HtmxHttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if not request.user.is_authenticated:
             if request.htmx:
                 current = request.htmx.current_url_abs_path or reverse("runs:overview")
@@ -68,14 +77,14 @@ def dashboard_view(view: View) -> View:
     return wrapped
 
 
-def _denied(request: HttpRequest, what: str) -> HttpResponse:
+def _denied(request: HtmxHttpRequest, what: str) -> HttpResponse:
     text = f"You are not allowed to {what}."
     if request.htmx:
         return HttpResponse(Fragments(request.user, request).flash(text, "error"), status=403)
     return HttpResponseForbidden(text)
 
 
-def _live_url(path: str, request: HttpRequest | None = None, **params: Any) -> str:
+def _live_url(path: str, request: HtmxHttpRequest | None = None, **params: Any) -> str:
     """The page's websocket URL: its filters (so the socket pushes the rows the page lists)
     and the time it was rendered (so the socket sends what changed since)."""
     merged: dict[str, Any] = dict(request.GET.lists()) if request is not None else {}
@@ -91,7 +100,7 @@ def _live_url(path: str, request: HttpRequest | None = None, **params: Any) -> s
 
 @require_GET
 @dashboard_view
-def overview(request: HttpRequest) -> HttpResponse:
+def overview(request: HtmxHttpRequest) -> HttpResponse:
     data = selectors.dashboard_overview()
     fragments = Fragments(request.user, request)
     if request.htmx:
@@ -116,7 +125,7 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 @dashboard_view
-def inbox(request: HttpRequest) -> HttpResponse:
+def inbox(request: HtmxHttpRequest) -> HttpResponse:
     form = InboxFilterForm(request.GET)
     runs = selectors.inbox(form.run_filters(), oldest_first=form.oldest_first)
     page = Paginator(runs, PAGE_SIZE).get_page(form.page_number)
@@ -143,14 +152,14 @@ def inbox(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _list_regions(request: HttpRequest, template: str, context: dict[str, Any]) -> HttpResponse:
+def _list_regions(request: HtmxHttpRequest, template: str, context: dict[str, Any]) -> HttpResponse:
     """A list re-fetch: the list region, and the inbox count of the navigation."""
     fragments = Fragments(request.user, request)
     count = selectors.inbox(selectors.RunFilters()).count()
     return HttpResponse(fragments.render(template, **context) + fragments.nav_inbox_count(count))
 
 
-def _filter_query(request: HttpRequest, drop: tuple[str, ...] = ()) -> str:
+def _filter_query(request: HtmxHttpRequest, drop: tuple[str, ...] = ()) -> str:
     query = request.GET.copy()
     for key in drop:
         query.pop(key, None)
@@ -164,7 +173,7 @@ def _filter_query(request: HttpRequest, drop: tuple[str, ...] = ()) -> str:
 
 @require_GET
 @dashboard_view
-def run_list(request: HttpRequest) -> HttpResponse:
+def run_list(request: HtmxHttpRequest) -> HttpResponse:
     form = RunFilterForm(request.GET)
     runs = (
         selectors.with_queue_holder(selectors.runs_filtered(form.run_filters()))
@@ -200,7 +209,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @dashboard_view
-def runs_bulk_cancel(request: HttpRequest) -> HttpResponse:
+def runs_bulk_cancel(request: HtmxHttpRequest) -> HttpResponse:
     if not can_cancel(request.user):
         return _denied(request, "cancel runs")
     fragments = Fragments(request.user, request)
@@ -254,7 +263,9 @@ def _filter_query_from(data: Any) -> str:
     return urlencode(_filter_items(data))
 
 
-def _bulk_panel(request: HttpRequest, context: dict[str, Any], status: int = 200) -> HttpResponse:
+def _bulk_panel(
+    request: HtmxHttpRequest, context: dict[str, Any], status: int = 200
+) -> HttpResponse:
     fragments = Fragments(request.user, request)
     if not request.htmx:
         # Without JavaScript the confirmation is a page of its own.
@@ -299,7 +310,7 @@ def _run_page(run_id: UUID, **kwargs: Any) -> selectors.RunPage:
 
 @require_GET
 @dashboard_view
-def run_detail(request: HttpRequest, run_id: UUID) -> HttpResponse:
+def run_detail(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
     fragments = Fragments(request.user, request)
     if request.htmx:
         try:
@@ -326,7 +337,7 @@ def run_detail(request: HttpRequest, run_id: UUID) -> HttpResponse:
 
 @require_GET
 @dashboard_view
-def run_events(request: HttpRequest, run_id: UUID) -> HttpResponse:
+def run_events(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
     """Older timeline events ("load more"), appended below the ones shown."""
     try:
         before = int(request.GET.get("before", ""))
@@ -340,7 +351,7 @@ def run_events(request: HttpRequest, run_id: UUID) -> HttpResponse:
     return render(request, "runs/_fragments/timeline.html#older", context)
 
 
-def _json_value(request: HttpRequest, title: str, back: str, value: Any) -> HttpResponse:
+def _json_value(request: HtmxHttpRequest, title: str, back: str, value: Any) -> HttpResponse:
     """A big JSON value a region offers on demand: the value (htmx) or a page around it."""
     if request.htmx:
         return render(request, "runs/json_value.html#value", {"value": value})
@@ -350,7 +361,7 @@ def _json_value(request: HttpRequest, title: str, back: str, value: Any) -> Http
 
 @require_GET
 @dashboard_view
-def run_state(request: HttpRequest, run_id: UUID) -> HttpResponse:
+def run_state(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
     """The run's current state (its latest checkpoint's values)."""
     run = _get_run(run_id)
     checkpoint = selectors.latest_checkpoint(run_id=run.id)
@@ -360,7 +371,7 @@ def run_state(request: HttpRequest, run_id: UUID) -> HttpResponse:
 
 @require_GET
 @dashboard_view
-def thread_values(request: HttpRequest, thread_id: UUID) -> HttpResponse:
+def thread_values(request: HtmxHttpRequest, thread_id: UUID) -> HttpResponse:
     thread = _get_thread(thread_id)
     back = reverse("runs:thread_detail", args=[thread.id])
     return _json_value(request, "Current values", back, thread.values)
@@ -369,7 +380,7 @@ def thread_values(request: HttpRequest, thread_id: UUID) -> HttpResponse:
 @require_GET
 @dashboard_view
 def thread_checkpoint_values(
-    request: HttpRequest, thread_id: UUID, checkpoint_id: UUID
+    request: HtmxHttpRequest, thread_id: UUID, checkpoint_id: UUID
 ) -> HttpResponse:
     thread = _get_thread(thread_id)
     try:
@@ -388,7 +399,7 @@ def _get_thread(thread_id: UUID) -> Any:
 
 
 def _card_response(
-    request: HttpRequest,
+    request: HtmxHttpRequest,
     run_id: UUID,
     *,
     status: int = 200,
@@ -414,7 +425,7 @@ def _card_response(
 
 
 def _decision_error(
-    request: HttpRequest,
+    request: HtmxHttpRequest,
     run_id: UUID,
     exc: RunsError,
     origin: str,
@@ -434,7 +445,7 @@ def _decision_error(
     return _card_response(request, run_id, status=exc.status_code, flash=(text, level))
 
 
-def _already_decided(request: HttpRequest, run_id: UUID) -> str:
+def _already_decided(request: HtmxHttpRequest, run_id: UUID) -> str:
     """ "Already declined by rita": what the person who lost a race to decide should read.
 
     The service may refuse for the run's state (it moved on once the call was decided); the
@@ -449,7 +460,7 @@ def _already_decided(request: HttpRequest, run_id: UUID) -> str:
     return f"Already {tc.decision} by {tc.decided_by}."
 
 
-def _done(request: HttpRequest, run_id: UUID, text: str, origin: str) -> HttpResponse:
+def _done(request: HtmxHttpRequest, run_id: UUID, text: str, origin: str) -> HttpResponse:
     if not request.htmx:
         messages.success(request, text)
         if origin == "inbox":
@@ -458,19 +469,19 @@ def _done(request: HttpRequest, run_id: UUID, text: str, origin: str) -> HttpRes
     return _card_response(request, run_id, flash=(text, "success"), origin=origin)
 
 
-def _tool_call(request: HttpRequest, run_id: UUID) -> ToolCall | None:
+def _tool_call(request: HtmxHttpRequest, run_id: UUID) -> ToolCall | None:
     try:
         return selectors.tool_call_get(run_id, request.POST.get("tool_call_id", ""))
     except NotFound:
         return None
 
 
-def _missing(request: HttpRequest, run_id: UUID, origin: str) -> HttpResponse:
+def _missing(request: HtmxHttpRequest, run_id: UUID, origin: str) -> HttpResponse:
     exc = NotFound("This tool call no longer exists (the run may have been rolled back).")
     return _decision_error(request, run_id, exc, origin)
 
 
-DecisionView = Callable[[HttpRequest, UUID, ToolCall, str], HttpResponse]
+DecisionView = Callable[[HtmxHttpRequest, UUID, ToolCall, str], HttpResponse]
 
 
 def decision_view(what: str) -> Callable[[DecisionView], View]:
@@ -481,7 +492,7 @@ def decision_view(what: str) -> Callable[[DecisionView], View]:
         @require_POST
         @dashboard_view
         @wraps(view)
-        def wrapped(request: HttpRequest, run_id: UUID) -> HttpResponse:
+        def wrapped(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
             if not can_review(request.user):
                 return _denied(request, what)
             origin = _origin(request)
@@ -497,7 +508,7 @@ def decision_view(what: str) -> Callable[[DecisionView], View]:
 
 @decision_view("approve tool calls")
 def tool_call_approve(
-    request: HttpRequest, run_id: UUID, tc: ToolCall, origin: str
+    request: HtmxHttpRequest, run_id: UUID, tc: ToolCall, origin: str
 ) -> HttpResponse:
     """Approve, or (when the edit form is posted, `mode` set) edit the arguments and approve."""
     edit_form = None
@@ -526,7 +537,7 @@ def tool_call_approve(
 
 @decision_view("decline tool calls")
 def tool_call_decline(
-    request: HttpRequest, run_id: UUID, tc: ToolCall, origin: str
+    request: HtmxHttpRequest, run_id: UUID, tc: ToolCall, origin: str
 ) -> HttpResponse:
     form = DeclineForm(request.POST, auto_id=form_id(tc))
     if not form.is_valid():
@@ -546,7 +557,9 @@ def tool_call_decline(
 
 
 @decision_view("answer tool calls")
-def tool_call_answer(request: HttpRequest, run_id: UUID, tc: ToolCall, origin: str) -> HttpResponse:
+def tool_call_answer(
+    request: HtmxHttpRequest, run_id: UUID, tc: ToolCall, origin: str
+) -> HttpResponse:
     """Give a tool that asked for input its data (a form generated from its resume_schema)."""
     form = SchemaForm(request.POST, schema=tc.resume_schema, auto_id=form_id(tc))
     if not form.is_valid():
@@ -566,7 +579,7 @@ def tool_call_answer(request: HttpRequest, run_id: UUID, tc: ToolCall, origin: s
     return _done(request, run_id, "Answer sent; the run continues.", origin)
 
 
-def _origin(request: HttpRequest) -> str:
+def _origin(request: HtmxHttpRequest) -> str:
     return "inbox" if request.POST.get("origin") == "inbox" else "run"
 
 
@@ -578,7 +591,7 @@ def _get_run(run_id: UUID) -> Any:
 
 
 def _form_errors(
-    request: HttpRequest, run_id: UUID, tc: ToolCall, forms: CallForms
+    request: HtmxHttpRequest, run_id: UUID, tc: ToolCall, forms: CallForms
 ) -> HttpResponse:
     """422 with the tool call's card showing the submitted form and its errors."""
     fragments = Fragments(request.user, request)
@@ -595,7 +608,7 @@ def _form_errors(
     )
 
 
-def _inline_error(request: HttpRequest, run_id: UUID, text: str, origin: str) -> HttpResponse:
+def _inline_error(request: HtmxHttpRequest, run_id: UUID, text: str, origin: str) -> HttpResponse:
     if not request.htmx:
         messages.error(request, text)
         if origin == "inbox":
@@ -606,7 +619,7 @@ def _inline_error(request: HttpRequest, run_id: UUID, text: str, origin: str) ->
 
 @require_POST
 @dashboard_view
-def run_cancel(request: HttpRequest, run_id: UUID) -> HttpResponse:
+def run_cancel(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
     """Cancel one run: interrupt (keep it) or rollback (delete it, thread state reverts)."""
     if not can_cancel(request.user):
         return _denied(request, "cancel runs")
@@ -656,7 +669,7 @@ def _thread_exists(thread_id: UUID) -> bool:
 
 @require_GET
 @dashboard_view
-def thread_detail(request: HttpRequest, thread_id: UUID) -> HttpResponse:
+def thread_detail(request: HtmxHttpRequest, thread_id: UUID) -> HttpResponse:
     try:
         page = selectors.thread_page(thread_id)
     except NotFound:
@@ -684,7 +697,7 @@ def thread_detail(request: HttpRequest, thread_id: UUID) -> HttpResponse:
 
 @require_GET
 @dashboard_view
-def audit_log(request: HttpRequest) -> HttpResponse:
+def audit_log(request: HtmxHttpRequest) -> HttpResponse:
     form = AuditFilterForm(request.GET)
     entries = selectors.audit_entries(form.audit_filters())
     page = Paginator(entries, PAGE_SIZE).get_page(form.page_number)
@@ -732,7 +745,7 @@ class _Echo:
 
 @require_GET
 @dashboard_view
-def audit_csv(request: HttpRequest) -> StreamingHttpResponse:
+def audit_csv(request: HtmxHttpRequest) -> StreamingHttpResponse:
     form = AuditFilterForm(request.GET)
     entries = selectors.audit_entries(form.audit_filters())
     writer = csv.writer(_Echo())
