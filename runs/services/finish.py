@@ -67,6 +67,8 @@ def run_finish(
         finished["error"] = error
     all_events = [*events, *(_step_event(w) for w in steps), ("finished", finished, "system")]
     lease = _complete_lease(lease)
+    # Twins: on PostgreSQL a success ends in one statement (_FINISH_SQL_POSTGRES, below); every
+    # other end, and SQLite, takes the ORM path that follows. Change one, change the other.
     if (
         _is_postgres()
         and status == RunStatus.SUCCESS
@@ -100,6 +102,7 @@ def run_finish(
     return fence
 
 
+# Twin of run_finish's ORM path above (fence, end the run, steps, events, thread status).
 _FINISH_SQL_POSTGRES = """
 WITH f AS (
     UPDATE runs_run

@@ -85,10 +85,10 @@ SELECT claimed.*, base.id AS base_checkpoint_id, base.values AS base_values
          WHERE c.thread_id = claimed.thread_id
          ORDER BY c.created_at DESC, c.id DESC LIMIT 1) base ON claimed.fresh
 """
-# Twin: _claim_sqlite below (same rules, SQLite has no SKIP LOCKED). One statement, one round trip: pick (the CTE is an optimisation fence: with `WHERE id IN
-# (subquery … LIMIT)` the planner may re-run the subquery per row and lock more rows than
-# LIMIT, as Oban's engine notes), claim, write the `started` events, and fetch the thread state
-# a fresh run starts from.
+# Twin: _claim_sqlite below (the same rules; SQLite has no SKIP LOCKED). One statement, one
+# round trip: pick (the CTE is an optimisation fence: with `WHERE id IN (subquery … LIMIT)` the
+# planner may re-run the subquery per row and lock more rows than LIMIT, as Oban's engine
+# notes), claim, write the `started` events, and fetch the thread state a fresh run starts from.
 
 
 def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
