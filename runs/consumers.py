@@ -30,6 +30,7 @@ from runs import metrics, selectors
 from runs.exceptions import NotFound
 from runs.forms import PAGE_SIZE, InboxFilterForm, RunFilterForm
 from runs.fragments import Fragments, RunPushState
+from runs.hub import hub
 from runs.live import RUNS_GROUP, run_group, thread_group
 from runs.live_lists import plan_rows, relevant_changes
 from runs.models import TERMINAL_STATUSES
@@ -78,9 +79,12 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         except (ValueError, NotFound):
             await self.close()
             return
+        # One subscription per process (runs/hub.py), not a channel-layer group per socket.
+        self.hub = hub()
         for group in groups:
-            await self.channel_layer.group_add(group, self.channel_name)
+            self.hub.listen(group, self.queue)
             self.groups_joined.append(group)
+        await self.hub.start()
         await self.accept()
         self.counted = True
         metrics.WEBSOCKETS.inc()
@@ -93,10 +97,7 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         if self._flush_task is not None:
             self._flush_task.cancel()
         for group in getattr(self, "groups_joined", []):
-            await self.channel_layer.group_discard(group, self.channel_name)
-
-    async def run_changed(self, event: dict[str, Any]) -> None:
-        self.queue(event)
+            self.hub.unlisten(group, self.queue)
 
     def queue(self, event: dict[str, Any]) -> None:
         """Keep the latest message per run, and every status the run went through meanwhile

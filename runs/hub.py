@@ -1,10 +1,13 @@
 """One subscription per process to committed run changes, fanned out in-process.
 
-Every `wait`/`join`/`stream` request and every cancel with `wait=true` must learn when its run
-changes. Giving each of them its own channel-layer channel costs a channel, a group join and a
-group leave per request (Redis round trips on the hot path), and one receive loop each. Instead
-each event loop of this process keeps one channel in the `runs` group (which every run change
-is published to, after commit: runs/live.py) and wakes the local waiters of that run.
+Every `wait`/`join`/`stream` request, every cancel with `wait=true` and every dashboard socket
+must learn when a run changes. Giving each of them its own channel-layer channel costs a
+channel, a group join and a leave per request or socket (Redis round trips on the hot path),
+one delivery per subscriber for every change (200 sockets on the runs page: 200 deliveries
+through Redis), and one receive loop each. Instead each event loop of this process keeps one
+channel in the `runs` group (the one group every run change is published to, after commit:
+runs/live.py) and hands each change to the local waiters and sockets it concerns: the groups
+`runs`, `run.<id>` (and the parent run's) and `thread.<id>` are derived here from the message.
 
 A waiter registers locally before it reads the database, so a change committed between its
 read and its wait still wakes it. Messages only wake; the database stays the truth (a waiter
@@ -18,7 +21,7 @@ import contextlib
 import logging
 import weakref
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -37,6 +40,7 @@ class Hub:
 
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._listeners: dict[str, set[Callable[[dict[str, Any]], None]]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._failed = False
@@ -92,6 +96,25 @@ class Hub:
             if key:
                 for event in self._waiters.get(str(key), ()):
                     event.set()
+        if not self._listeners:
+            return
+        for group in live.groups_of(message):
+            for listener in list(self._listeners.get(group, ())):
+                try:
+                    listener(message)
+                except Exception:  # one socket's failure must not starve the others
+                    logger.exception("hub: a listener of %s failed", group)
+
+    def listen(self, group: str, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call `listener(message)` for every change published to `group` (sockets)."""
+        self._listeners[group].add(listener)
+
+    def unlisten(self, group: str, listener: Callable[[dict[str, Any]], None]) -> None:
+        listeners = self._listeners.get(group)
+        if listeners is not None:
+            listeners.discard(listener)
+            if not listeners:
+                del self._listeners[group]
 
     @contextlib.asynccontextmanager
     async def watch(self, run_id: Any) -> AsyncIterator[asyncio.Event]:

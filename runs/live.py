@@ -1,4 +1,5 @@
-"""Publishing committed run changes to websocket groups (`runs`, `run.<id>`, `thread.<id>`).
+"""Publishing committed run changes to every process (the `runs` group; runs/hub.py fans each
+change out in-process to the subscribers of `runs`, `run.<id>` and `thread.<id>`).
 
 Services call `run_changed_on_commit()`; the message leaves only once the change is durable.
 Publishing never raises into a state change: the database is the truth and every message carries
@@ -44,13 +45,15 @@ class RunChange:
     def message(self) -> dict[str, Any]:
         return {"type": "run.changed", **asdict(self), "published_at": time.time()}
 
-    def groups(self) -> list[str]:
-        groups = [RUNS_GROUP, run_group(self.run_id)]
-        if self.thread_id:
-            groups.append(thread_group(self.thread_id))
-        if self.parent_run_id:
-            groups.append(run_group(self.parent_run_id))
-        return groups
+
+def groups_of(message: dict[str, Any]) -> list[str]:
+    """The groups a published change concerns: every list, its run, its thread, its parent."""
+    groups = [RUNS_GROUP, run_group(message.get("run_id"))]
+    if message.get("thread_id"):
+        groups.append(thread_group(message["thread_id"]))
+    if message.get("parent_run_id"):
+        groups.append(run_group(message["parent_run_id"]))
+    return groups
 
 
 # The event loop of the ASGI server in this process, when there is one. The in-memory channel
@@ -116,15 +119,12 @@ async def _send(change: RunChange) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    message = change.message()
-
-    async def one(group: str) -> None:
-        try:
-            await layer.group_send(group, message)
-        except Exception:
-            logger.warning("live: publishing %s to %s failed", change.run_id, group, exc_info=True)
-
-    await asyncio.gather(*(one(g) for g in change.groups()))
+    # One message to the one group every process's hub listens to (runs/hub.py); the hub
+    # derives `run.<id>`, `thread.<id>` and the parent's group for its local subscribers.
+    try:
+        await layer.group_send(RUNS_GROUP, change.message())
+    except Exception:
+        logger.warning("live: publishing %s failed", change.run_id, exc_info=True)
 
 
 def publish(change: RunChange) -> None:
