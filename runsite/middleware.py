@@ -1,13 +1,22 @@
-"""A lost database connection is a 503 (retry later), never a 500 with a traceback."""
+"""Request middleware: NUL characters refused, a lost database connection answered 503,
+static files served by WhiteNoise.
+
+Every middleware here works both ways (sync and async): under ASGI one sync-only middleware
+makes Django run the rest of the chain in a thread, so every request (including the async
+streaming views) would hop to a thread and back before reaching its view.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from whitenoise.middleware import WhiteNoiseMiddleware
 
 logger = logging.getLogger("runsite")
 
@@ -38,13 +47,35 @@ def unavailable_response(request: HttpRequest) -> HttpResponse:
     return response
 
 
-class DatabaseUnavailableMiddleware:
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+class _BothWays:
+    """A middleware Django may call synchronously or asynchronously (the chain's mode)."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]):
         self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        return self.get_response(request)
+    def __call__(self, request: HttpRequest) -> Any:
+        refused = self.refuse(request)
+        if self.is_async:
+            return self._acall(request, refused)
+        return refused if refused is not None else self.get_response(request)
 
+    async def _acall(self, request: HttpRequest, refused: HttpResponse | None) -> HttpResponse:
+        if refused is not None:
+            return refused
+        response: HttpResponse = await self.get_response(request)
+        return response
+
+    def refuse(self, request: HttpRequest) -> HttpResponse | None:
+        return None
+
+
+class DatabaseUnavailableMiddleware(_BothWays):
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if not is_connection_error(exception):
             return None
@@ -55,14 +86,12 @@ class DatabaseUnavailableMiddleware:
         return unavailable_response(request)
 
 
-class RejectNulMiddleware:
+class RejectNulMiddleware(_BothWays):
     """PostgreSQL cannot store or compare NUL characters in text or jsonb; a request carrying one
     in its query string or JSON body gets a clear 4xx instead of a database error."""
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def refuse(self, request: HttpRequest) -> HttpResponse | None:
+        # Under ASGI the body has already been read into memory (or a spooled file).
         query = request.META.get("QUERY_STRING", "")
         if "%00" in query or "\x00" in query:
             return JsonResponse(
@@ -87,4 +116,35 @@ class RejectNulMiddleware:
                     },
                     status=422,
                 )
-        return self.get_response(request)
+        return None
+
+
+class StaticFilesMiddleware(WhiteNoiseMiddleware):
+    """WhiteNoise, both ways: a static file is served from a thread, anything else goes on
+    down the chain without one (WhiteNoiseMiddleware itself is sync-only)."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any], settings: Any = None):
+        if settings is None:
+            super().__init__(get_response)
+        else:
+            super().__init__(get_response, settings)
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self._acall(request)
+        return super().__call__(request)
+
+    async def _acall(self, request: HttpRequest) -> Any:
+        if self.autorefresh:
+            static_file = await sync_to_async(self.find_file)(request.path_info)
+        else:
+            static_file = self.files.get(request.path_info)
+        if static_file is not None:
+            return await sync_to_async(self.serve)(static_file, request)
+        return await self.get_response(request)

@@ -287,5 +287,6 @@ def test_cors_answers_allowed_origins_on_the_api_only(api: Client, settings: Any
     assert "access-control-allow-origin" not in post(
         api, "/threads", {}, HTTP_ORIGIN="http://evil.test"
     )
-    page = api.get("/login/", HTTP_ORIGIN="http://localhost:3000")
+    page = api.get("/accounts/login/", HTTP_ORIGIN="http://localhost:3000")
+    assert page.status_code == 200
     assert "access-control-allow-origin" not in page
