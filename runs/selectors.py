@@ -831,13 +831,15 @@ def run_stream_state(
 def interrupts_of(tool_calls: list[ToolCall]) -> list[dict[str, Any]]:
     """LangGraph interrupts ({"id", "value"}) for waiting tool calls."""
     from runs.contracts import interrupt_of as _interrupt_of
-    from runs.engine.registry import tool_description
-    from runs.graphs.loader import is_graph_run
+    from runs.engine.registry import all_agents, tool_description
+    from runs.graphs.loader import is_graph_agent
+
+    agents = all_agents()
 
     return [
         # A LangGraph graph's interrupt is shown as the graph gave it (runs/graphs).
         {"id": tc.tool_call_id, "value": tc.suspend_payload}
-        if is_graph_run(tc.run)
+        if is_graph_agent(agents.get(tc.run.agent_id))
         else _interrupt_of(
             {
                 "tool_call_id": tc.tool_call_id,

@@ -49,6 +49,9 @@ def test_it_streams_the_graphs_values_updates_and_custom_data(drain: Any) -> Non
     events = replay(tid, run["run_id"], "values,updates,custom,debug")
     names = [e[0] for e in events]
     assert names[0] == "metadata" and names[-1] == "end"
+    thread = get(f"/threads/{tid}").json()
+    assert thread["metadata"]["graph_id"] == "ask"  # what the Agent Inbox searches by
+    assert thread["status"] == "interrupted"
     assert ("custom", {"progress": "asking"}) in [e[:2] for e in events]
     updates = [e[1] for e in events if e[0] == "updates"]
     # The interrupt arrives once, from the run's suspension, with the value as the graph gave it.
@@ -194,3 +197,25 @@ def test_the_same_fields_stay_refused_for_runsite_agents(db: Any) -> None:
     r = post(f"/threads/{tid}/state", {"values": {}, "as_node": "agent"})
     assert r.status_code == 422
     assert r.json()["code"] == "unsupported"
+
+
+def test_assistants_describe_the_graph() -> None:
+    r = get("/assistants/approval/graph")
+    assert r.status_code == 200
+    assert {n["id"] for n in r.json()["nodes"]} >= {"__start__", "prepare", "ask", "__end__"}
+    r = get("/assistants/slow/schemas")
+    assert r.status_code == 200
+    assert set(r.json()["input_schema"]["properties"]) >= {"steps", "delay_ms", "items"}
+
+
+def test_declining_a_breakpoint_ends_the_run_where_it_stopped(drain: Any) -> None:
+    tid = new_thread()
+    run = create(tid, {"assistant_id": "approval", "input": {}, "interrupt_before": ["ask"]})
+    drain()
+    r = post("/agents/approval/decline-tool-call", {"run_id": run["run_id"], "reason": "stop"})
+    assert r.status_code == 202
+    drain()
+    assert Run.objects.get(id=run["run_id"]).status == RunStatus.SUCCESS
+    state = get(f"/threads/{tid}/state").json()
+    assert state["next"] == ["ask"]  # still paused there; a new run can continue it
+    assert state["values"] == {"status": "awaiting_approval"}

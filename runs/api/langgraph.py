@@ -14,10 +14,12 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from ninja import Query, Router
 
 from runs import selectors, services
+from runs.api import graphs as graph_api
 from runs.api import presenters as p
 from runs.api import streaming
 from runs.api.auth import Caller, caller_of
 from runs.api.schemas import (
+    KWARG_FIELDS,
     AssistantOut,
     AssistantSchemasOut,
     AssistantSearchIn,
@@ -41,7 +43,6 @@ from runs.api.schemas import (
 from runs.engine.agent import Agent
 from runs.engine.registry import all_agents
 from runs.exceptions import NotFound, ValidationFailed
-from runs.graphs import api as graph_api
 from runs.models import Run, Thread
 
 assistants = Router(tags=["assistants"])
@@ -111,6 +112,8 @@ def get_assistant(request: HttpRequest, assistant_id: str) -> dict[str, Any]:
 )
 def get_assistant_schemas(request: HttpRequest, assistant_id: str) -> dict[str, Any]:
     agent = _agent_or_404(assistant_id)
+    if (graph_schemas := graph_api.schemas_of(agent)) is not None:
+        return graph_schemas
     return {
         "graph_id": agent.id,
         "input_schema": agent.input_schema,
@@ -128,7 +131,8 @@ def get_assistant_schemas(request: HttpRequest, assistant_id: str) -> dict[str, 
 def get_assistant_graph(
     request: HttpRequest, assistant_id: str, xray: bool = False
 ) -> dict[str, list[dict[str, Any]]]:
-    _agent_or_404(assistant_id)
+    if (drawn := graph_api.drawing_of(_agent_or_404(assistant_id), xray)) is not None:
+        return drawn
     nodes = [{"id": n, "type": "runnable", "data": n} for n in ("__start__", "agent", "tools")]
     nodes.append({"id": "__end__", "type": "runnable", "data": "__end__"})
     edges = [
@@ -332,22 +336,12 @@ def post_thread_history(
 # --- runs ------------------------------------------------------------------------------------
 
 # Request fields recorded in the run's `kwargs` (LangGraph's Run.kwargs).
-KWARG_FIELDS = (
-    "config",
-    "context",
-    "stream_subgraphs",
-    "stream_resumable",
-    "feedback_keys",
-    "on_disconnect",
-    "on_completion",
-    "durability",
-)
 
 
 def _create_run(
     caller: Caller, payload: RunCreateIn, thread_id: UUID | None, stream_mode: list[str]
 ) -> Run:
-    if graph_api.graph_agent_for(payload.assistant_id) is not None:  # runs/graphs/api.py
+    if graph_api.graph_agent_for(payload.assistant_id) is not None:  # runs/api/graphs.py
         return graph_api.create_run(caller, payload, thread_id, stream_mode)
     payload.refuse_unsupported()
     agent_id = p.agent_id_for_run(payload.assistant_id)

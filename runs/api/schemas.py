@@ -211,7 +211,7 @@ class ThreadStateOut(Schema):
     parent_checkpoint_id: UUID | None = None
 
 
-def _refuse_checkpoint(value: Any, name: str = "checkpoint") -> None:
+def refuse_checkpoint(value: Any, name: str = "checkpoint") -> None:
     # A checkpoint that names nothing ({"thread_id": …, "checkpoint_ns": ""}) is the latest one.
     if isinstance(value, dict):
         value = {k: v for k, v in value.items() if k != "thread_id"}
@@ -230,7 +230,7 @@ class ThreadStateUpdateIn(BodyIn):
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
         # Writing at an older checkpoint forks the thread; Runsite writes after the latest.
-        _refuse_checkpoint(self.checkpoint)
+        refuse_checkpoint(self.checkpoint)
 
 
 class StateAtCheckpointIn(BodyIn):
@@ -254,7 +254,7 @@ class HistoryIn(BodyIn):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        _refuse_checkpoint(self.checkpoint)  # a subgraph namespace: Runsite has none
+        refuse_checkpoint(self.checkpoint)  # a subgraph namespace: Runsite has none
 
 
 # --- runs --------------------------------------------------------------------------------------
@@ -296,7 +296,7 @@ class RunCreateIn(BodyIn):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        _refuse_checkpoint(self.checkpoint)  # time travel
+        refuse_checkpoint(self.checkpoint)  # time travel
         refuse_keys(self.command, "command", COMMAND_KEYS)
         refuse_keys(self.config, "config", CONFIG_KEYS)
         configurable = (self.config or {}).get("configurable")
@@ -544,3 +544,16 @@ class ResumeIn(BodyIn):
                 f"resume_data.{where}" if where else "resume_data",
                 str(first.get("msg", "invalid")),
             ) from None
+
+
+# Run-create fields kept on the run (its `kwargs`) as given.
+KWARG_FIELDS = (
+    "config",
+    "context",
+    "stream_subgraphs",
+    "stream_resumable",
+    "feedback_keys",
+    "on_disconnect",
+    "on_completion",
+    "durability",
+)

@@ -30,10 +30,9 @@ from django.utils import timezone
 from runs import metrics, services
 from runs.engine import wakeup
 from runs.engine.context import NonRetryableError, RunControl, RunStopped
-from runs.engine.loop import Finished, StepLoop, error_of
+from runs.engine.loop import Finished, StepLoop, Suspended, error_of
 from runs.engine.registry import get_agent
 from runs.exceptions import LeaseLost, NotFound
-from runs.graphs.executor import GraphLoop
 from runs.graphs.loader import is_graph_agent
 from runs.models import RunStatus
 
@@ -74,8 +73,13 @@ def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
                 lease=lease, deadline=timezone.now() + timedelta(seconds=limit + 5)
             )
         logger.info("claim run=%s agent=%s attempt=%s", run.id, run.agent_id, lease.attempt)
-        loop = GraphLoop if is_graph_agent(agent) else StepLoop  # LangGraph graphs: runs/graphs
-        outcome = loop(run=run, lease=lease, control=control, agent=agent).run_until_stop()  # type: ignore[arg-type]
+        outcome: Finished | Suspended | str
+        if is_graph_agent(agent):  # a LangGraph graph (runs/graphs)
+            from runs.graphs.executor import GraphLoop
+
+            outcome = GraphLoop(run=run, lease=lease, control=control, agent=agent).run_until_stop()
+        else:
+            outcome = StepLoop(run=run, lease=lease, control=control, agent=agent).run_until_stop()
         if isinstance(outcome, str):  # a graph run that suspended itself
             outcome_status = outcome
         elif isinstance(outcome, Finished):

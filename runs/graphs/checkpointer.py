@@ -70,6 +70,7 @@ class RunsiteSaver(BaseCheckpointSaver[str]):
         self.take_events = take_events or list
         self.on_fence = on_fence
         self._pool: ThreadPoolExecutor | None = None
+        self._stored: set[str] = set()  # checkpoints this saver put (no parent lookup needed)
 
     # -- the async side: one thread per saver --------------------------------------------------
 
@@ -202,8 +203,12 @@ class RunsiteSaver(BaseCheckpointSaver[str]):
             else None,
         )
         fence = graph_services.graph_checkpoint_put(
-            lease=self.lease, write=write, events=self.take_events()
+            lease=self.lease,
+            write=write,
+            events=self.take_events(),
+            parent_known=write.parent_checkpoint_id in self._stored,
         )
+        self._stored.add(checkpoint["id"])
         self._fenced(fence)
         return {
             "configurable": {

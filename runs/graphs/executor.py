@@ -39,6 +39,7 @@ from runs.services import graphs as graph_services
 logger = logging.getLogger("runs.graphs")
 
 WATCH_SECONDS = 0.02
+STAY = object()  # invoke nothing: the run ends at the breakpoint it was stopped at
 DECIDED = (ToolCallStatus.ANSWERED, ToolCallStatus.APPROVED, ToolCallStatus.DECLINED)
 # Configurable keys the server owns (LangGraph's own server forces the same ones).
 RESERVED_CONFIGURABLE = ("thread_id", "checkpoint_id", "checkpoint_ns", "checkpoint_map", "run_id")
@@ -114,7 +115,8 @@ class GraphLoop:
         config = run_config(self.run, self.agent)
         try:
             graph_input, config = await saver._call(self._input, graph, config)
-            await self._stream(graph, saver, graph_input, config)
+            if graph_input is not STAY:
+                await self._stream(graph, saver, graph_input, config)
             return await saver._call(self._outcome, graph, saver, config)
         finally:
             saver.close()
@@ -137,6 +139,13 @@ class GraphLoop:
             }
             if answers:
                 return Command(resume=answers), config
+            head_id = (state.config or {}).get("configurable", {}).get("checkpoint_id")
+            breakpoint_id = f"{BREAKPOINT_PREFIX}{head_id}"
+            if any(
+                tc.tool_call_id == breakpoint_id and tc.status == ToolCallStatus.DECLINED
+                for tc in decided
+            ):
+                return STAY, config  # a declined breakpoint: the run ends where it stopped
             return None, config  # a retry, or past a breakpoint: continue from the head
         if kwargs.get("checkpoint_id"):
             # Time travel: run from that checkpoint; the new checkpoints branch off it.
@@ -240,8 +249,8 @@ class GraphLoop:
                 run_id=self.run.id, tool_call_id=f"{BREAKPOINT_PREFIX}{checkpoint_id}"
             ).exists()
             if answered:
-                # The breakpoint was passed and the graph stopped at the same place: a drain.
-                raise RunStopped(self._stop_reason() or "release")
+                # Declined: the run ends here, the thread stays paused before `next`.
+                return Finished(output=values, values=values, steps=[], events=events)
             waiting = [breakpoint_waiting(checkpoint_id, list(state.next), step)]
         if waiting:
             return graph_services.graph_run_suspend(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -44,7 +44,7 @@ class GraphAgent(Agent):
     value_keys: list[str] = field(default_factory=list)
 
 
-def is_graph_agent(agent: Any) -> bool:
+def is_graph_agent(agent: Any) -> TypeGuard[GraphAgent]:
     return isinstance(agent, GraphAgent)
 
 
@@ -118,7 +118,7 @@ def graph_agent(graph_id: str, graph: Any, *, description: str = "", spec: str =
     value_keys = [keys] if isinstance(keys, str) else list(keys)
     return GraphAgent(
         id=graph_id,
-        model=_GraphModel(),  # type: ignore[arg-type]
+        model=_GraphModel(),
         description=description,
         graph=graph,
         spec=spec,
@@ -157,9 +157,3 @@ def load_graphs(config: dict[str, Any] | None = None) -> dict[str, GraphAgent]:
 @cache
 def configured_graphs() -> dict[str, GraphAgent]:
     return load_graphs()
-
-
-def is_graph_run(run: Any) -> bool:
-    from runs.engine.registry import all_agents
-
-    return isinstance(all_agents().get(run.agent_id), GraphAgent)

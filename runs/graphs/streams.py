@@ -52,7 +52,7 @@ def frames(data: dict[str, Any], modes: list[str], seq: int) -> list[tuple[str, 
         if "messages-tuple" in want:
             out.append(("messages" + suffix, chunk))
         if "messages" in want:
-            out.append(("messages/partial" + suffix, [chunk[0]]))
+            out.append(("messages/partial" + suffix, [(chunk or [None])[0]]))
     elif mode in want:
         out.append((mode + suffix, chunk))
     if "events" in want:

@@ -9,12 +9,14 @@ rollback's revert read). Both belong to the run that wrote them, so a rollback d
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 from django.db import transaction
+from django.db.models import Q
 
 from runs import metrics
 from runs.contracts import Actor, FenceResult, Lease
@@ -91,22 +93,32 @@ def _fenced(lease: Lease | None, events: Sequence[Event]) -> FenceResult | None:
     return fence
 
 
-def _store_checkpoint(w: GraphCheckpointWrite, run_id: UUID | None) -> None:
-    GraphCheckpoint.objects.update_or_create(
-        thread_id=w.thread_id,
-        checkpoint_ns=w.checkpoint_ns,
-        checkpoint_id=w.checkpoint_id,
-        defaults={
-            "parent_checkpoint_id": w.parent_checkpoint_id,
-            "run_id": run_id,
-            "type": w.type,
-            "checkpoint": w.blob,
-            "metadata": w.metadata,
-        },
+def _store_checkpoint(w: GraphCheckpointWrite, run_id: UUID | None, parent_known: bool) -> None:
+    # put is an upsert (LangGraph may put a checkpoint again): one INSERT … ON CONFLICT.
+    GraphCheckpoint.objects.bulk_create(
+        [
+            GraphCheckpoint(
+                thread_id=w.thread_id,
+                checkpoint_ns=w.checkpoint_ns,
+                checkpoint_id=w.checkpoint_id,
+                parent_checkpoint_id=w.parent_checkpoint_id,
+                run_id=run_id,
+                type=w.type,
+                checkpoint=w.blob,
+                metadata=w.metadata,
+            )
+        ],
+        update_conflicts=True,
+        unique_fields=["thread", "checkpoint_ns", "checkpoint_id"],
+        update_fields=["parent_checkpoint_id", "run", "type", "checkpoint", "metadata"],
     )
     if w.checkpoint_ns == "" and w.values is not None:
         parent_id = UUID(w.parent_checkpoint_id) if w.parent_checkpoint_id else None
-        if parent_id is not None and not Checkpoint.objects.filter(id=parent_id).exists():
+        if (
+            parent_id is not None
+            and not parent_known
+            and not Checkpoint.objects.filter(id=parent_id).exists()
+        ):
             parent_id = None  # the parent was rolled back
         # ignore_conflicts: a checkpoint put twice (a retried step) keeps its first projection.
         Checkpoint.objects.bulk_create(
@@ -126,17 +138,22 @@ def _store_checkpoint(w: GraphCheckpointWrite, run_id: UUID | None) -> None:
 
 
 def graph_checkpoint_put(
-    *, lease: Lease | None, write: GraphCheckpointWrite, events: Sequence[Event] = ()
+    *,
+    lease: Lease | None,
+    write: GraphCheckpointWrite,
+    events: Sequence[Event] = (),
+    parent_known: bool = False,
 ) -> FenceResult | None:
     """Store a checkpoint (and the stream events gathered since the last write).
 
     With a lease: fenced, so a worker that lost its run writes nothing. Without one (tests,
-    update_state): the caller holds the thread.
+    update_state): the caller holds the thread. `parent_known`: the caller stored the parent
+    itself (under the same lease), so it needs no lookup.
     """
     lease = _complete_lease(lease) if lease is not None else None
     with transaction.atomic():
         fence = _fenced(lease, events)
-        _store_checkpoint(write, lease.run_id if lease else None)
+        _store_checkpoint(write, lease.run_id if lease else None, parent_known)
     return fence
 
 
@@ -155,35 +172,27 @@ def graph_writes_put(
             "task_id": write.task_id,
         }
         run_id = lease.run_id if lease else None
-        if write.upsert:
-            for idx, channel, type_, blob in write.rows:
-                GraphWrite.objects.update_or_create(
-                    **key,
-                    idx=idx,
-                    defaults={
-                        "task_path": write.task_path,
-                        "channel": channel,
-                        "type": type_,
-                        "value": blob,
-                        "run_id": run_id,
-                    },
-                )
-        else:
-            GraphWrite.objects.bulk_create(
-                [
-                    GraphWrite(
-                        **key,
-                        task_path=write.task_path,
-                        idx=idx,
-                        channel=channel,
-                        type=type_,
-                        value=blob,
-                        run_id=run_id,
-                    )
-                    for idx, channel, type_, blob in write.rows
-                ],
-                ignore_conflicts=True,
+        rows = [
+            GraphWrite(
+                **key,
+                task_path=write.task_path,
+                idx=idx,
+                channel=channel,
+                type=type_,
+                value=blob,
+                run_id=run_id,
             )
+            for idx, channel, type_, blob in write.rows
+        ]
+        if write.upsert:
+            GraphWrite.objects.bulk_create(
+                rows,
+                update_conflicts=True,
+                unique_fields=["thread", "checkpoint_ns", "checkpoint_id", "task_id", "idx"],
+                update_fields=["task_path", "channel", "type", "value", "run"],
+            )
+        else:
+            GraphWrite.objects.bulk_create(rows, ignore_conflicts=True)
     return fence
 
 
@@ -205,11 +214,27 @@ def graph_thread_delete_checkpoints(*, thread_id: UUID) -> None:
 
 
 def graph_runs_delete_checkpoints(*, run_ids: Sequence[str]) -> None:
-    """LangGraph's delete_for_runs: what these runs wrote (their checkpoints and writes)."""
+    """LangGraph's delete_for_runs: what these runs wrote (their checkpoints and writes).
+
+    A checkpoint belongs to a run by its `run` (written under the run's lease) or by its
+    metadata's run_id (written by a saver used outside a Runsite run).
+    """
+    ids = [str(r) for r in run_ids]
+    uuids = []
+    for r in ids:
+        with contextlib.suppress(ValueError):
+            uuids.append(UUID(r))
     with transaction.atomic():
-        GraphWrite.objects.filter(run_id__in=list(run_ids)).delete()
-        GraphCheckpoint.objects.filter(run_id__in=list(run_ids)).delete()
-        Checkpoint.objects.filter(run_id__in=list(run_ids)).delete()
+        owned = GraphCheckpoint.objects.filter(Q(run_id__in=uuids) | Q(metadata__run_id__in=ids))
+        for thread_id, ns, checkpoint_id in owned.values_list(
+            "thread_id", "checkpoint_ns", "checkpoint_id"
+        ):
+            GraphWrite.objects.filter(
+                thread_id=thread_id, checkpoint_ns=ns, checkpoint_id=checkpoint_id
+            ).delete()
+        owned.delete()
+        GraphWrite.objects.filter(run_id__in=uuids).delete()
+        Checkpoint.objects.filter(run_id__in=uuids).delete()
 
 
 def graph_run_suspend(

@@ -75,9 +75,12 @@ def cluster(daphne_factory, start_worker) -> Cluster:
 
 
 def create_runs(client: httpx.Client, agent: str, input: dict, n: int) -> list[str]:
+    # Stateless runs whose temporary threads are kept: the checks read them after they end.
     ids = []
     for _ in range(n):
-        response = client.post("/runs", json={"assistant_id": agent, "input": input})
+        response = client.post(
+            "/runs", json={"on_completion": "keep", "assistant_id": agent, "input": input}
+        )
         assert response.status_code == 200, response.text
         ids.append(response.json()["run_id"])
     return ids
@@ -135,7 +138,11 @@ def test_restart_of_every_process_with_50_suspended_and_10_running(cluster: Clus
         refunds = [
             a.post(
                 "/runs",
-                json={"assistant_id": "refund", "input": {"order_id": f"R-{i}", "amount": 10 + i}},
+                json={
+                    "on_completion": "keep",
+                    "assistant_id": "refund",
+                    "input": {"order_id": f"R-{i}", "amount": 10 + i},
+                },
             ).json()["run_id"]
             for i in range(50)
         ]
@@ -199,7 +206,12 @@ def test_postgres_connections_killed_under_load(cluster: Cluster) -> None:
             while not stop.is_set():
                 try:
                     r = client.post(
-                        "/runs", json={"assistant_id": "echo", "input": {"n": len(created)}}
+                        "/runs",
+                        json={
+                            "on_completion": "keep",
+                            "assistant_id": "echo",
+                            "input": {"n": len(created)},
+                        },
                     )
                     statuses[r.status_code] += 1
                     if r.status_code == 200:
@@ -313,6 +325,7 @@ def test_a_client_on_one_instance_sees_a_run_made_on_the_other_through_every_sta
         body = b.post(
             "/runs",
             json={
+                "on_completion": "keep",
                 "assistant_id": "slow",
                 "input": {"steps": 10, "delay_ms": 100},
                 "after_seconds": 1,
@@ -349,7 +362,12 @@ def test_approving_on_one_instance_drops_the_run_from_the_inbox_on_the_other(
     time.sleep(0.5)
     with cluster.api(1) as b:
         rid = b.post(
-            "/runs", json={"assistant_id": "refund", "input": {"order_id": "I-1", "amount": 7}}
+            "/runs",
+            json={
+                "on_completion": "keep",
+                "assistant_id": "refund",
+                "input": {"order_id": "I-1", "amount": 7},
+            },
         ).json()["run_id"]
         wait_for(lambda: inbox.first(f'inbox-row-{rid}"') is not None, timeout=15)
         approved_at = time.time()
@@ -387,7 +405,10 @@ def test_killing_redis_connections_loses_no_run_state_and_clients_resync(
         )
         after = []
         for _ in range(10):
-            resp = b.post("/runs", json={"assistant_id": "echo", "input": {"after": True}})
+            resp = b.post(
+                "/runs",
+                json={"on_completion": "keep", "assistant_id": "echo", "input": {"after": True}},
+            )
             statuses[resp.status_code] += 1
             if resp.status_code == 200:
                 after.append(resp.json()["run_id"])

@@ -14,10 +14,10 @@ from uuid import UUID
 from langgraph.checkpoint.base import EmptyChannelError
 from langgraph.errors import InvalidUpdateError
 
-from runs import services
+from runs import selectors, services
 from runs.api.auth import Caller
-from runs.api.presenters import find_agent
-from runs.api.schemas import RunCreateIn, _refuse_checkpoint, refuse_keys
+from runs.api.presenters import assistant_uuid, find_agent
+from runs.api.schemas import KWARG_FIELDS, RunCreateIn, refuse_checkpoint, refuse_keys
 from runs.engine.registry import all_agents
 from runs.exceptions import NotFound, Unsupported, ValidationFailed
 from runs.graphs.checkpointer import RunsiteSaver, project_values
@@ -25,7 +25,6 @@ from runs.graphs.jsonable import to_json
 from runs.graphs.loader import GraphAgent
 from runs.models import GraphCheckpoint, Run, Thread
 from runs.services import graphs as graph_services
-from runs.services.threads import _thread_in_scope
 
 COMMAND_KEYS = ("resume", "update", "goto")
 CONFIG_KEYS = ("configurable", "metadata", "tags", "run_name", "recursion_limit")
@@ -170,8 +169,8 @@ def update_state(
     new = graph_services.graph_thread_state_write(
         thread=thread, actor=actor, write=write, values=values, as_node=as_node
     )
-    ref = _ref(new)
-    return {"checkpoint": ref, "configurable": ref, "checkpoint_id": ref["checkpoint_id"]}
+    ref = _ref(new) or {}
+    return {"checkpoint": ref, "configurable": ref, "checkpoint_id": ref.get("checkpoint_id")}
 
 
 # --- runs ----------------------------------------------------------------------------------------
@@ -201,7 +200,7 @@ def _refuse_unsupported(payload: RunCreateIn) -> None:
     if payload.webhook:
         raise Unsupported("webhook")
     checkpoint = {k: v for k, v in (payload.checkpoint or {}).items() if k != "checkpoint_id"}
-    _refuse_checkpoint(checkpoint)  # another namespace (a subgraph's checkpoint)
+    refuse_checkpoint(checkpoint)  # another namespace (a subgraph's checkpoint)
     refuse_keys(payload.command, "command", COMMAND_KEYS)
     refuse_keys(payload.config, "config", CONFIG_KEYS)
     config_metadata = (payload.config or {}).get("metadata")
@@ -213,8 +212,6 @@ def create_run(
     caller: Caller, payload: RunCreateIn, thread_id: UUID | None, stream_mode: list[str]
 ) -> Run:
     """Create a graph run, or resume the thread's suspended graph run (`command.resume`)."""
-    from runs.api.langgraph import KWARG_FIELDS
-
     agent = graph_agent_for(payload.assistant_id)
     assert agent is not None
     _refuse_unsupported(payload)
@@ -229,7 +226,7 @@ def create_run(
                 "You must provide a thread_id when resuming.",
                 errors=[{"field": "thread_id", "message": "required with command.resume"}],
             )
-        thread = _thread_in_scope(thread_id, caller.pinned_resource_id)
+        thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
         return graph_services.graph_thread_resume(
             thread=thread, resume=command["resume"], actor=caller.actor
         )
@@ -253,7 +250,7 @@ def create_run(
                 code="checkpoint_not_found",
             )
         kwargs["checkpoint_id"] = checkpoint_id
-    return services.run_create(
+    run = services.run_create(
         agent_id=agent.id,
         actor=caller.actor,
         thread_id=thread_id,
@@ -265,6 +262,13 @@ def create_run(
         after_seconds=payload.after_seconds,
         pinned_resource_id=caller.pinned_resource_id,
     )
+    head = Thread.objects.filter(runs=run).only("id", "metadata").first()
+    if head is not None and "graph_id" not in (head.metadata or {}):
+        # The Agent Inbox (and the SDK's searches) find a graph's threads by this metadata.
+        services.thread_update(
+            thread=head, metadata={"graph_id": agent.id, "assistant_id": assistant_uuid(agent.id)}
+        )
+    return run
 
 
 # --- hooks for runs/api/langgraph.py: None means "not a graph thread, answer as before" -------
@@ -277,7 +281,6 @@ def _any_graph() -> bool:
 def graph_thread(caller: Caller, thread_id: UUID) -> tuple[Thread, GraphAgent] | None:
     if not _any_graph():
         return None
-    from runs import selectors
 
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
     agent = graph_of_thread(thread)
@@ -321,3 +324,33 @@ def update_state_for(caller: Caller, thread_id: UUID, payload: Any) -> dict[str,
         checkpoint_id=checkpoint_id,
         actor=caller.actor,
     )
+
+
+def schemas_of(agent: Any) -> dict[str, Any] | None:
+    """The graph's own JSON schemas (None: not a graph)."""
+    if not isinstance(agent, GraphAgent):
+        return None
+    graph = agent.graph
+
+    def schema(fn: Any) -> dict[str, Any] | None:
+        try:
+            return to_json(fn())
+        except Exception:  # a state type pydantic cannot describe
+            return None
+
+    return {
+        "graph_id": agent.id,
+        "input_schema": schema(graph.get_input_jsonschema),
+        "output_schema": schema(graph.get_output_jsonschema),
+        "state_schema": schema(lambda: graph.get_input_jsonschema()),
+        "config_schema": schema(graph.get_config_jsonschema),
+        "context_schema": schema(graph.get_context_jsonschema),
+    }
+
+
+def drawing_of(agent: Any, xray: bool) -> dict[str, list[dict[str, Any]]] | None:
+    """The graph's nodes and edges, as LangGraph's server draws them (None: not a graph)."""
+    if not isinstance(agent, GraphAgent):
+        return None
+    drawn = to_json(agent.graph.get_graph(xray=xray).to_json())
+    return {"nodes": drawn.get("nodes", []), "edges": drawn.get("edges", [])}
