@@ -67,7 +67,10 @@ def test_it_claims_the_oldest_pending_run_and_marks_it_running() -> None:
     assert first.attempt == 1
     assert first.lease_expires_at > timezone.now()
     assert Thread.objects.get(id=thread.id).status == ThreadStatus.BUSY
-    assert list(first.events.values_list("kind", flat=True)) == ["created", "started"]
+    assert list(first.events.order_by("seq").values_list("kind", flat=True)) == [
+        "created",
+        "started",
+    ]
 
 
 def test_it_runs_one_run_per_thread_at_a_time_in_creation_order() -> None:

@@ -369,7 +369,8 @@ def test_approving_on_one_instance_drops_the_run_from_the_inbox_on_the_other(
                 "input": {"order_id": "I-1", "amount": 7},
             },
         ).json()["run_id"]
-        wait_for(lambda: inbox.first(f'inbox-row-{rid}"') is not None, timeout=15)
+        # The row itself (a deletion frame for the still-pending run names it too).
+        wait_for(lambda: inbox.first(f'<tr id="inbox-row-{rid}"') is not None, timeout=15)
         approved_at = time.time()
         assert b.post("/agents/refund/approve-tool-call", json={"run_id": rid}).status_code == 202
     deletion = f'id="inbox-row-{rid}" hx-swap-oob="delete"'
