@@ -214,7 +214,7 @@ class RunsConsumer(_BatchingConsumer):
             runs_form = RunFilterForm(self.params)
             self.filters = runs_form.run_filters()
             self.queryset = (
-                selectors.with_queue_holder(selectors.runs_filtered(self.filters))
+                selectors.runs_filtered(self.filters)
                 .order_by(*runs_form.ordering)
                 .prefetch_related(selectors.waiting_tool_calls_prefetch())
             )
@@ -369,7 +369,7 @@ class RunsConsumer(_BatchingConsumer):
         if self.view == "inbox":
             runs = selectors.inbox_rows(ids)
         else:
-            runs = list(self.queryset.filter(id__in=ids))
+            runs = selectors.with_queue_holders(self.queryset.filter(id__in=ids))
         return {str(run.id): run for run in runs}
 
 

@@ -143,6 +143,8 @@ class Run(models.Model):
     fresh: bool
     base_checkpoint_id: UUID | None
     base_values: dict[str, Any] | None
+    # selectors.with_queue_holders sets it on the runs a page shows: the run it waits behind.
+    behind_run_id: UUID | None
 
     class Meta:
         permissions: ClassVar = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -9,16 +10,11 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db.models import (
-    Case,
     Exists,
     OuterRef,
     Prefetch,
     Q,
     QuerySet,
-    Subquery,
-    UUIDField,
-    Value,
-    When,
 )
 from django.utils import timezone
 
@@ -104,34 +100,44 @@ def _check_dates(from_date: datetime | None, to_date: datetime | None) -> None:
         )
 
 
-def with_queue_holder(qs: QuerySet[Run]) -> QuerySet[Run]:
-    """Annotate each pending run with `behind_run_id`: the run it waits behind on its thread.
+def with_queue_holders(runs: Iterable[Run]) -> list[Run]:
+    """Set `behind_run_id` on each run: for a pending run, the run it waits behind on its thread.
 
     A thread runs one run at a time and a run waiting for a human holds it too, so a pending
     run waits behind the thread's running or suspended run, else behind the pending run queued
-    just before it. None: nothing on the thread is ahead of it (it waits for a worker, or for
-    its `after_seconds`).
+    just before it; None when nothing on the thread is ahead of it (it waits for a worker, or
+    for its `after_seconds`). One query for the whole page, never per row, and never inside the
+    page's own query (a count or a position over an annotated list would compute it per run).
     """
-    ahead = (
-        Run.objects.filter(thread_id=OuterRef("thread_id"), parent_run__isnull=True)
-        .filter(
-            Q(status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED))
-            | Q(status=RunStatus.PENDING, created_at__lt=OuterRef("created_at"))
+    runs = list(runs)
+    pending = [r for r in runs if r.status == RunStatus.PENDING and r.thread_id is not None]
+    for run in runs:
+        run.behind_run_id = None
+    if not pending:
+        return runs
+    on_threads: dict[UUID, list[tuple[Any, ...]]] = {}
+    for row in (
+        Run.objects.filter(
+            thread_id__in={r.thread_id for r in pending},
+            parent_run__isnull=True,
+            status__in=ACTIVE_STATUSES,
         )
-        .exclude(id=OuterRef("id"))
-        .order_by(
-            Case(When(status=RunStatus.PENDING, then=Value(1)), default=Value(0)),
-            "-created_at",
-        )
-        .values("id")[:1]
-    )
-    return qs.annotate(
-        behind_run_id=Case(
-            When(status=RunStatus.PENDING, thread__isnull=False, then=Subquery(ahead)),
-            default=Value(None),
-            output_field=UUIDField(),
-        )
-    )
+        .order_by("created_at", "id")
+        .values_list("thread_id", "id", "status", "created_at")
+    ):
+        on_threads.setdefault(row[0], []).append(row[1:])
+    for run in pending:
+        assert run.thread_id is not None  # `pending` keeps only runs on a thread
+        others = [o for o in on_threads.get(run.thread_id, []) if o[0] != run.id]
+        holding = [o for o in others if o[1] in (RunStatus.RUNNING, RunStatus.SUSPENDED)]
+        ahead = [
+            o
+            for o in others
+            if o[1] == RunStatus.PENDING and (o[2], o[0]) < (run.created_at, run.id)
+        ]
+        holder = holding[0] if holding else (ahead[-1] if ahead else None)
+        run.behind_run_id = holder[0] if holder else None
+    return runs
 
 
 def waiting_tool_calls_prefetch() -> Prefetch:
@@ -645,13 +651,10 @@ def run_page(
     checkpoints_limit: int = 20,
 ) -> RunPage:
     """One run with everything its dashboard page shows, bounded for long runs."""
-    run = (
-        with_queue_holder(Run.objects.select_related("thread", "parent_run"))
-        .filter(id=run_id)
-        .first()
-    )
+    run = Run.objects.select_related("thread", "parent_run").filter(id=run_id).first()
     if run is None:
         raise NotFound(f"Run {run_id} not found", code="run_not_found")
+    with_queue_holders([run])
     events = run.events.order_by("-seq")
     if events_before is not None:
         events = events.filter(seq__lt=events_before)
@@ -720,10 +723,10 @@ def thread_page(thread_id: UUID, *, limit: int = 50) -> ThreadPage:
     runs = Run.objects.filter(thread_id=thread.id, parent_run__isnull=True)
     return ThreadPage(
         thread=thread,
-        runs=list(
-            with_queue_holder(runs)
-            .order_by("-created_at", "-id")
-            .prefetch_related(waiting_tool_calls_prefetch())[:limit]
+        runs=with_queue_holders(
+            runs.order_by("-created_at", "-id").prefetch_related(waiting_tool_calls_prefetch())[
+                :limit
+            ]
         ),
         runs_total=runs.count(),
         checkpoints=thread_history(thread, limit=limit),

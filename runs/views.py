@@ -43,11 +43,20 @@ from runs.forms import (
     BulkCancelForm,
     CancelForm,
     DeclineForm,
+    InboxChoiceForm,
     InboxFilterForm,
     RunFilterForm,
     SchemaForm,
 )
-from runs.fragments import CallForms, Fragments, bound_forms, form_id, tool_schema
+from runs.fragments import (
+    CallForms,
+    Fragments,
+    bound_forms,
+    form_id,
+    inbox_edit_form,
+    inbox_forms,
+    tool_schema,
+)
 from runs.models import RunStatus, ToolCall
 from runs.permissions import can_cancel, can_review
 
@@ -176,11 +185,12 @@ def _filter_query(request: HtmxHttpRequest, drop: tuple[str, ...] = ()) -> str:
 def run_list(request: HtmxHttpRequest) -> HttpResponse:
     form = RunFilterForm(request.GET)
     runs = (
-        selectors.with_queue_holder(selectors.runs_filtered(form.run_filters()))
+        selectors.runs_filtered(form.run_filters())
         .order_by(*form.ordering)
         .prefetch_related(selectors.waiting_tool_calls_prefetch())
     )
     page = Paginator(runs, PAGE_SIZE).get_page(form.page_number)
+    page.object_list = selectors.with_queue_holders(page.object_list)
     context = {
         "form": form,
         "page": page,
@@ -560,7 +570,10 @@ def tool_call_decline(
 def tool_call_answer(
     request: HtmxHttpRequest, run_id: UUID, tc: ToolCall, origin: str
 ) -> HttpResponse:
-    """Give a tool that asked for input its data (a form generated from its resume_schema)."""
+    """Give a tool that asked for input its data (a form generated from its resume_schema);
+    for a graph's Agent Inbox request, one of the choices it allows (`inbox`)."""
+    if request.POST.get("inbox"):
+        return _inbox_choice(request, run_id, tc, origin)
     form = SchemaForm(request.POST, schema=tc.resume_schema, auto_id=form_id(tc))
     if not form.is_valid():
         return _form_errors(request, run_id, tc, bound_forms(tc.run, tc, answer=form))
@@ -577,6 +590,51 @@ def tool_call_answer(
     except RunsError as exc:
         return _decision_error(request, run_id, exc, origin)
     return _done(request, run_id, "Answer sent; the run continues.", origin)
+
+
+INBOX_DONE = {
+    "accept": "Accepted.",
+    "edit": "Sent with the edited arguments.",
+    "respond": "Response sent; the run continues.",
+    "ignore": "Ignored; the run continues.",
+}
+
+
+def _inbox_choice(
+    request: HtmxHttpRequest, run_id: UUID, tc: ToolCall, origin: str
+) -> HttpResponse:
+    """Accept, edit, respond to or ignore a graph's Agent Inbox request."""
+    form = InboxChoiceForm(request.POST, auto_id=form_id(tc) + "-ir")
+    if not form.is_valid():
+        if origin == "inbox" or "inbox" in form.errors:
+            return _inline_error(request, run_id, "Write a response.", origin)
+        return _form_errors(request, run_id, tc, bound_forms(tc.run, tc, inbox_respond=form))
+    choice = form.cleaned_data["inbox"]
+    edit_form = None
+    args = None
+    inbox = inbox_forms(tc.run, tc)
+    if choice == "edit" and inbox is not None and inbox.edit is not None:
+        edit_form = inbox_edit_form(tc, inbox.request, request.POST)
+        if not edit_form.is_valid():
+            return _form_errors(request, run_id, tc, bound_forms(tc.run, tc, inbox_edit=edit_form))
+        args = edit_form.data_value()
+    try:
+        services.tool_call_inbox_decide(
+            run=tc.run,
+            actor=request.user,
+            tool_call_id=tc.tool_call_id,
+            choice=choice,
+            args=args,
+            text=form.cleaned_data["text"],
+        )
+    except ValidationFailed as exc:
+        if edit_form is None:
+            return _decision_error(request, run_id, exc, origin)
+        edit_form.add_service_errors(exc, "args")
+        return _form_errors(request, run_id, tc, bound_forms(tc.run, tc, inbox_edit=edit_form))
+    except RunsError as exc:
+        return _decision_error(request, run_id, exc, origin)
+    return _done(request, run_id, INBOX_DONE[choice], origin)
 
 
 def _origin(request: HtmxHttpRequest) -> str:
