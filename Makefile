@@ -26,7 +26,7 @@ fi; \
 echo "No Python >= 3.12 found (Django 6 needs it). Install one, or run: make PYTHON=/path/to/python3.12 $(MAKECMDGOALS)" >&2; exit 1
 endef
 
-.PHONY: run test test-fast lint format fuzz reliability clean help
+.PHONY: run test test-fast lint format fuzz reliability clean help agent-inbox-check
 
 help:
 	@echo "make run    demo on SQLite with a built-in worker, http://$(HOST):$(PORT)"
@@ -84,3 +84,10 @@ format: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) staticfiles db.sqlite3* test-artifacts
+
+# The real Agent Inbox app (langchain-ai/agent-inbox) built from AGENT_INBOX_SRC (a checkout, a git
+# directory or a git URL; only npm packages are downloaded) and driven in Playwright against a
+# fresh Runsite: tools/agent_inbox/check.sh, docs/api.md "Agent Inbox check". The build is kept in
+# AGENT_INBOX_WORKDIR (default /tmp/agent-inbox-check) and reused while the source is the same.
+agent-inbox-check: $(VENV)/.installed
+	tools/agent_inbox/check.sh $(AGENT_INBOX_SRC)

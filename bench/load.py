@@ -28,6 +28,10 @@ from _common import ROOT, machine, pct, setup_django  # noqa: E402
 
 setup_django()
 
+# Stateless runs whose temporary threads stay (as before they were deleted at the end): the
+# workload and the delivery figure stay comparable (a deleted run's removal is not a delivery).
+KEEP = {"on_completion": "keep"}
+
 import httpx  # noqa: E402
 import websockets  # noqa: E402
 from django.contrib.auth.models import User  # noqa: E402
@@ -158,7 +162,7 @@ async def api_client(url: str, key: str, stats: Stats, stop: asyncio.Event, seed
                     "POST /runs (echo)",
                     "POST",
                     "/runs",
-                    json={"assistant_id": "echo", "input": {"n": 1}},
+                    json={**KEEP, "assistant_id": "echo", "input": {"n": 1}},
                 )
                 if r is not None and r.status_code == 200:
                     stats.created_at[r.json()["run_id"]] = time.monotonic()
@@ -167,7 +171,11 @@ async def api_client(url: str, key: str, stats: Stats, stop: asyncio.Event, seed
                     "POST /runs (refund)",
                     "POST",
                     "/runs",
-                    json={"assistant_id": "refund", "input": {"order_id": "L", "amount": 5}},
+                    json={
+                        **KEEP,
+                        "assistant_id": "refund",
+                        "input": {"order_id": "L", "amount": 5},
+                    },
                 )
                 if r is not None and r.status_code == 200:
                     stats.created_at[r.json()["run_id"]] = time.monotonic()
@@ -198,7 +206,7 @@ async def api_client(url: str, key: str, stats: Stats, stop: asyncio.Event, seed
                     "POST /runs (slow)",
                     "POST",
                     "/runs",
-                    json={"assistant_id": "slow", "input": {"steps": 20, "delay_ms": 50}},
+                    json={**KEEP, "assistant_id": "slow", "input": {"steps": 20, "delay_ms": 50}},
                 )
                 if r is not None and r.status_code == 200:
                     body = r.json()

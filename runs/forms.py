@@ -205,6 +205,42 @@ class DeclineForm(ToolCallForm):
     )
 
 
+class InboxChoiceForm(ToolCallForm):
+    """One of the Agent Inbox choices on a graph's request (runs/services/agent_inbox.py)."""
+
+    inbox = forms.ChoiceField(choices=[(c, c) for c in ("accept", "edit", "respond", "ignore")])
+    text = forms.CharField(
+        required=False,
+        max_length=10_000,
+        strip=False,
+        label="Response",
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "The graph gets this text."}),
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("inbox") == "respond" and not (data.get("text") or "").strip():
+            self.add_error("text", "Write a response.")
+        return data
+
+
+def schema_of_values(values: Any) -> dict[str, Any] | None:
+    """A JSON schema typed by example (an Agent Inbox request's arguments carry no schema):
+    one property per key, typed by its value; None when `values` is not an object."""
+    if not isinstance(values, dict):
+        return None
+    types = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    props: dict[str, Any] = {}
+    for key, value in values.items():
+        kind = types.get(type(value))
+        props[key] = {"type": kind} if kind else {}
+        if kind == "string" and ("\n" in value or len(value) > 80):
+            props[key]["maxLength"] = 1_000_000  # a text area (_field_for)
+    # Every argument the request had stays (an empty string only if it was empty).
+    required = [k for k, v in values.items() if not isinstance(v, bool) and v != ""]
+    return {"type": "object", "properties": props, "required": required}
+
+
 def _field_for(name: str, schema: dict[str, Any], required: bool) -> forms.Field:
     """A form field for one JSON-schema property (strings, numbers, booleans, enums)."""
     kind = schema.get("type")

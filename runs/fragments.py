@@ -24,14 +24,33 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 
 from runs import selectors
-from runs.forms import DeclineForm, SchemaForm
+from runs.forms import DeclineForm, InboxChoiceForm, SchemaForm, schema_of_values
 from runs.models import Run, RunEvent, RunStatus, ToolCall, ToolCallStatus
 from runs.permissions import can_cancel, can_review
+from runs.services.agent_inbox import agent_inbox_request, allowed_choices
 
-__all__ = ["CallForms", "Card", "Fragments", "RunPushState", "can_cancel", "can_review"]
+__all__ = [
+    "CallForms",
+    "Card",
+    "Fragments",
+    "InboxForms",
+    "RunPushState",
+    "can_cancel",
+    "can_review",
+]
 
 T = "runs/_fragments/"
 EVENTS_PER_FRAME = 15
+
+
+@dataclass
+class InboxForms:
+    """A graph's Agent Inbox request: exactly the choices its config allows."""
+
+    request: dict[str, Any]  # the HumanInterrupt (action_request, config, description)
+    choices: list[str]
+    edit: SchemaForm | None = None  # the request's arguments, one field each
+    respond: InboxChoiceForm | None = None
 
 
 @dataclass
@@ -42,13 +61,17 @@ class CallForms:
     edit_json: SchemaForm | None = None  # the same edit as raw JSON, when `edit` shows fields
     answer: SchemaForm | None = None
     decline: DeclineForm | None = None
-    open: str = ""  # which form to show expanded: "edit", "edit-json", "decline" or ""
+    inbox: InboxForms | None = None  # instead of the others, for an Agent Inbox request
+    # Which form to show expanded: "edit", "edit-json", "decline", "inbox-edit",
+    # "inbox-respond" or "".
+    open: str = ""
 
     @property
     def bound(self) -> bool:
+        inbox = (self.inbox.edit, self.inbox.respond) if self.inbox else ()
         return any(
             f is not None and f.is_bound
-            for f in (self.edit, self.edit_json, self.answer, self.decline)
+            for f in (self.edit, self.edit_json, self.answer, self.decline, *inbox)
         )
 
 
@@ -129,7 +152,33 @@ def edit_forms(run: Run, tc: ToolCall, bound: SchemaForm | None = None) -> CallF
     return forms
 
 
+def inbox_edit_form(tc: ToolCall, request: dict[str, Any], data: Any = None) -> SchemaForm:
+    """The Agent Inbox edit: the request's arguments, one field each, typed by their values."""
+    args = request["action_request"].get("args")
+    return SchemaForm(
+        data, schema=schema_of_values(args), initial_value=args, auto_id=form_id(tc) + "-ie"
+    )
+
+
+def inbox_forms(run: Run, tc: ToolCall) -> InboxForms | None:
+    """The Agent Inbox choices of a graph's waiting call (None for any other call)."""
+    request = agent_inbox_request(run.agent_id, tc.suspend_payload) if tc.is_waiting else None
+    if request is None:
+        return None
+    choices = allowed_choices(request)
+    forms = InboxForms(request=request, choices=list(choices))
+    if "edit" in choices:
+        forms.edit = inbox_edit_form(tc, request)
+    if "respond" in choices:
+        initial = {"tool_call_id": tc.tool_call_id, "inbox": "respond"}
+        forms.respond = InboxChoiceForm(initial=initial, auto_id=form_id(tc) + "-ir")
+    return forms
+
+
 def default_forms(run: Run, tc: ToolCall) -> CallForms:
+    inbox = inbox_forms(run, tc)
+    if inbox is not None:
+        return CallForms(inbox=inbox)
     forms = CallForms()
     initial = {"tool_call_id": tc.tool_call_id}
     if tc.status == ToolCallStatus.AWAITING_APPROVAL:
@@ -149,9 +198,15 @@ def bound_forms(
     edit: SchemaForm | None = None,
     answer: SchemaForm | None = None,
     decline: DeclineForm | None = None,
+    inbox_edit: SchemaForm | None = None,
+    inbox_respond: InboxChoiceForm | None = None,
 ) -> CallForms:
     """A card's forms after a failed submission: the submitted one bound, the others fresh."""
     forms = default_forms(run, tc)
+    if forms.inbox is not None and inbox_edit is not None:
+        forms.inbox.edit, forms.open = inbox_edit, "inbox-edit"
+    if forms.inbox is not None and inbox_respond is not None:
+        forms.inbox.respond, forms.open = inbox_respond, "inbox-respond"
     if edit is not None:
         edited = edit_forms(run, tc, bound=edit)
         forms.edit, forms.edit_json, forms.open = edited.edit, edited.edit_json, edited.open

@@ -232,7 +232,18 @@ else:
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+
 # --- Channels -------------------------------------------------------------------------------
+def _channel_prefix(url: str) -> str:
+    """RUNS_CHANNEL_PREFIX, else one per Redis database number ("runsite:0", "runsite:3")."""
+    explicit = os.environ.get("RUNS_CHANNEL_PREFIX", "").strip()
+    if explicit:
+        return explicit
+    path = url.split("?", 1)[0].rsplit("/", 1)
+    db = path[1] if len(path) == 2 and path[1].isdigit() and "//" in path[0] else "0"
+    return f"runsite:{db}"
+
+
 REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
     if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
@@ -243,7 +254,9 @@ if REDIS_URL:
             # drops; it can lose messages on reconnect, which is why every push carries a
             # per-run sequence number and clients resync from the database.
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # Redis pub/sub channels ignore the database number: without a prefix of their own,
+            # two deployments (or test runs) on one Redis would hear each other's run changes.
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": _channel_prefix(REDIS_URL)},
         }
     }
 else:

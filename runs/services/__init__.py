@@ -7,7 +7,8 @@ notification never arrives before the row it talks about. Lock order and fencing
 
 `from runs import services; services.run_cancel(...)` is the way in; the modules are:
 threads, runs (create), queue (claim/heartbeat/reap/release), steps, finish, cancel,
-decisions, access, and core (locks, events, audit, publishing).
+decisions, agent_inbox (a graph's Agent Inbox choices), access, and core (locks, events,
+audit, publishing).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from runs.services.access import (
     api_key_touch,
     groups_ensure,
 )
+from runs.services.agent_inbox import tool_call_inbox_decide
 from runs.services.cancel import run_cancel, run_delete, runs_cancel_many
 from runs.services.core import CANCEL_CHANNEL, DEFAULT_DECLINE_TEXT, QUEUE_CHANNEL, REJECT_MESSAGE
 from runs.services.decisions import (
@@ -92,5 +94,6 @@ __all__ = [
     "tool_call_answer",
     "tool_call_approve",
     "tool_call_decline",
+    "tool_call_inbox_decide",
     "tool_call_update",
 ]

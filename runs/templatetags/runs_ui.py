@@ -1,7 +1,9 @@
 """Small display helpers for the dashboard: timestamps, ids, status badges, untrusted JSON.
 
 Everything that shows data from runs (tool arguments, payloads, outputs) is untrusted: it goes
-through `conditional_escape`/`format_html` here, never through `mark_safe` on raw text.
+through `conditional_escape`/`format_html` here, never through `mark_safe` on raw text. The one
+HTML a run may bring, an Agent Inbox description in Markdown, is marked safe only after nh3 has
+cleaned it down to an allow-list (`markdown_safe`).
 """
 
 from __future__ import annotations
@@ -10,10 +12,14 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
+import markdown as markdown_lib
+import nh3
 from django import template
 from django.utils import timezone
 from django.utils.html import conditional_escape, format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
+
+from runs.services.agent_inbox import agent_inbox_request, allowed_choices
 
 register = template.Library()
 
@@ -365,3 +371,40 @@ def form_csrf(context: template.Context) -> str:
     if not token:
         return ""
     return format_html('<input type="hidden" name="csrfmiddlewaretoken" value="{}">', token)
+
+
+# What an Agent Inbox description may keep once rendered: text formatting, lists, quotes, code,
+# tables and links. No images (a reviewer opening the inbox must not fetch a URL a graph
+# chose), no attributes but a link's target; nh3 drops <script>, on* handlers and javascript:.
+MARKDOWN_TAGS = {
+    "p", "br", "hr", "strong", "em", "b", "i", "del", "code", "pre", "blockquote", "ul", "ol",
+    "li", "a", "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr", "th", "td",
+}  # fmt: skip
+MARKDOWN_MAX = 20_000  # characters rendered; the rest is cut (the JSON view keeps it all)
+
+
+@register.filter
+def markdown_safe(text: Any) -> SafeString:
+    """Markdown (untrusted) as HTML: rendered by Python-Markdown, then sanitised by nh3."""
+    if text is None or text == "":
+        return SafeString("")
+    html = markdown_lib.markdown(str(text)[:MARKDOWN_MAX], extensions=["tables", "sane_lists"])
+    cleaned = nh3.clean(
+        html,
+        tags=MARKDOWN_TAGS,
+        attributes={"a": {"href", "title"}},
+        url_schemes={"http", "https", "mailto"},
+        link_rel="noopener noreferrer nofollow",
+    )
+    return mark_safe(cleaned)  # noqa: S308 - cleaned by nh3 to the allow-list above
+
+
+@register.filter
+def agent_inbox(tc: Any, run: Any) -> dict[str, Any] | None:
+    """The Agent Inbox request a graph's call asks (or asked) about; None for anything else."""
+    return agent_inbox_request(run.agent_id, tc.suspend_payload)
+
+
+@register.filter
+def inbox_choices(request: dict[str, Any]) -> list[str]:
+    return list(allowed_choices(request))
