@@ -253,3 +253,24 @@ def test_a_date_only_bound_covers_the_whole_utc_day() -> None:
     assert bad.value.errors[0]["field"] == "toDate"
     with pytest.raises(ValidationFailed):
         date_bound("9999-12-31", field="to_date", end=True)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("post", "/threads/search", {"offset": 9223372036854775807}),
+        ("post", "/assistants/search", {"offset": 9223372036854775000}),
+    ],
+)
+def test_an_offset_past_any_list_is_refused_not_a_database_error(
+    api: Client, method: str, path: str, body: dict[str, Any]
+) -> None:
+    r = getattr(api, method)(f"/api{path}", json.dumps(body), content_type="application/json")
+    assert r.status_code == 422
+    assert r.json()["detail"]
+
+
+def test_a_huge_offset_in_a_query_is_clamped(api: Client) -> None:
+    tid = api.post("/api/threads", "{}", content_type="application/json").json()["thread_id"]
+    r = api.get(f"/api/threads/{tid}/runs?offset=9223372036854775807")
+    assert r.status_code == 200 and r.json() == []

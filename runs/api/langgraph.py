@@ -24,6 +24,7 @@ from runs.api.schemas import (
     AssistantSchemasOut,
     AssistantSearchIn,
     ClampedLimit,
+    ClampedOffset,
     GraphOut,
     HistoryIn,
     RunCreateIn,
@@ -514,7 +515,7 @@ def list_runs(
     request: HttpRequest,
     thread_id: UUID,
     limit: ClampedLimit = 10,
-    offset: int = 0,
+    offset: ClampedOffset = 0,
     status: str | None = None,
     select: list[str] | None = Query(None),  # noqa: B008 - ninja's way to declare a query list
 ) -> list[Run]:

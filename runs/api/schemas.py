@@ -28,6 +28,11 @@ MAX_LIMIT = 1000
 Limit = Annotated[int, Field(ge=1, le=MAX_LIMIT)]
 # A page size in a query string: clamped into 1..1000, as LangGraph's server does.
 ClampedLimit = Annotated[int, AfterValidator(lambda v: max(1, min(v, MAX_LIMIT)))]
+# How far into a list: beyond a billion rows there is nothing to page to, and the database's
+# bigint would overflow on offset + limit (a 500 instead of a clear answer).
+MAX_OFFSET = 1_000_000_000
+Offset = Annotated[int, Field(ge=0, le=MAX_OFFSET)]
+ClampedOffset = Annotated[int, AfterValidator(lambda v: max(0, min(v, MAX_OFFSET)))]
 
 
 def given(value: Any) -> bool:
@@ -104,7 +109,7 @@ class AssistantSearchIn(BodyIn):
     graph_id: str | None = None
     name: str | None = None
     limit: Limit = 10
-    offset: int = Field(0, ge=0)
+    offset: Offset = 0
     sort_by: Literal["assistant_id", "created_at", "updated_at", "name", "graph_id"] | None = None
     sort_order: Literal["asc", "desc"] | None = None
 
@@ -176,7 +181,7 @@ class ThreadSearchIn(BodyIn):
     values: dict[str, Any] | None = None
     status: Literal["idle", "busy", "interrupted", "error"] | None = None
     limit: Limit = 10
-    offset: int = Field(0, ge=0)
+    offset: Offset = 0
     sort_by: Literal["thread_id", "status", "created_at", "updated_at", "state_updated_at"] = (
         "created_at"
     )
