@@ -27,6 +27,9 @@ from django.utils import timezone  # noqa: E402
 from runs import services  # noqa: E402
 from runs.models import Run, RunEvent, RunStatus, Thread  # noqa: E402
 
+# Stateless runs that keep their temporary threads: the figures read the runs after they end.
+KEEP = {"on_completion": "keep"}
+
 
 def reset() -> None:
     with connection.cursor() as c:
@@ -96,7 +99,9 @@ def bench_wakeup(samples: int) -> list[float]:
     time.sleep(3)
     latencies = []
     for i in range(samples):
-        run = services.run_create(agent_id="echo", thread_id=None, input=i, actor="bench")
+        run = services.run_create(
+            agent_id="echo", thread_id=None, input=i, actor="bench", kwargs=KEEP
+        )
         wait_until(
             lambda r=run: RunEvent.objects.filter(run_id=r.id, kind="started").exists(),
             timeout=10,
@@ -119,7 +124,11 @@ def bench_cancel(samples: int, action: str) -> tuple[list[float], list[float]]:
     latencies, on_row = [], []
     for _ in range(samples):
         run = services.run_create(
-            agent_id="slow", thread_id=None, input={"steps": 1000, "delay_ms": 20}, actor="bench"
+            agent_id="slow",
+            thread_id=None,
+            input={"steps": 1000, "delay_ms": 20},
+            actor="bench",
+            kwargs=KEEP,
         )
         wait_until(
             lambda r=run: Run.objects.filter(id=r.id, status=RunStatus.RUNNING).exists(),
@@ -157,7 +166,11 @@ def bench_sigkill(lease: float) -> float:
     a = start_worker(2, env)
     time.sleep(3)
     run = services.run_create(
-        agent_id="slow", thread_id=None, input={"steps": 200, "delay_ms": 50}, actor="bench"
+        agent_id="slow",
+        thread_id=None,
+        input={"steps": 200, "delay_ms": 50},
+        actor="bench",
+        kwargs=KEEP,
     )
     wait_until(lambda: Run.objects.filter(id=run.id, status=RunStatus.RUNNING).exists(), timeout=10)
     b = start_worker(2, env)

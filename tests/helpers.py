@@ -38,6 +38,10 @@ def subprocess_env(**extra: str) -> dict[str, str]:
         "DATABASE_URL": database_url_for_subprocess(),
         "PYTHONUNBUFFERED": "1",
         "DJANGO_SETTINGS_MODULE": "runsite.settings",
+        # Tests read their stateless runs after they end: the servers and workers they start
+        # keep temporary threads for the test's lifetime (tests/test_api_thread_hold.py covers
+        # the deletion itself, through the reaper).
+        "RUNS_STATELESS_KEEP_SECONDS": "3600",
     }
     env.pop("DATABASE_TEST_NAME", None)
     env.update(extra)

@@ -42,6 +42,8 @@ def thread(resource: str = "acme") -> Thread:
 
 
 def create(agent_id: str, input: object, *, thread_id=None, **kw) -> Run:
+    if thread_id is None:  # a stateless run whose thread (and record) the test reads afterwards
+        kw.setdefault("kwargs", {"on_completion": "keep"})
     return services.run_create(
         agent_id=agent_id, thread_id=thread_id, input=input, actor="test", **kw
     )
