@@ -150,6 +150,32 @@
     }
   });
 
+  // A list that keeps showing fewer rows than the server says match (a pushed insertion was
+  // missed) re-syncs from the database. Checked again after a pause: a total can arrive a
+  // moment before the rows it counts, and a needless re-fetch would redraw rows being used.
+  var countCheck = null, lastCountResync = 0;
+  function listShort() {
+    if (new URLSearchParams(location.search).get("page") > 1) return false;
+    return [["inbox-total", "inbox-rows"], ["runs-total", "runs-rows"]].some(function (pair) {
+      var total = document.getElementById(pair[0]), rows = document.getElementById(pair[1]);
+      if (!total || !rows || total.dataset.count === undefined) return false;
+      var shown = rows.querySelectorAll("tr.row:not(.decided)").length;
+      var expected = Math.min(+total.dataset.count, +(rows.dataset.pageSize || 0) || Infinity);
+      return shown < expected;
+    });
+  }
+  document.addEventListener("htmx:oobAfterSwap", function (evt) {
+    var id = evt.detail.target && evt.detail.target.id;
+    if ((id !== "inbox-total" && id !== "runs-total") || countCheck || !listShort()) return;
+    countCheck = setTimeout(function () {
+      countCheck = null;
+      if (listShort() && Date.now() - lastCountResync > 5000) {
+        lastCountResync = Date.now();
+        resync();
+      }
+    }, 1500);
+  });
+
   document.addEventListener("htmx:afterSettle", function () {
     document.querySelectorAll("[data-watch]").forEach(function (el) {
       if (!watched.has(el.dataset.watch)) sendWatch(el.dataset.watch);
