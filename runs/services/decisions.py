@@ -164,18 +164,7 @@ def thread_resume(*, thread: Thread, resume: JSONValue, actor: Actor) -> Run:
     waiting calls, a map {tool_call_id: value}.
     """
     with transaction.atomic():
-        _lock_thread(thread.id)
-        run_id = (
-            Run.objects.filter(thread=thread, status=RunStatus.SUSPENDED, parent_run__isnull=True)
-            .order_by("-suspended_at", "-id")
-            .values_list("id", flat=True)
-            .first()
-        )
-        if run_id is None:
-            raise Conflict(
-                f"Thread {thread.id} has no suspended run to resume", code="nothing_to_resume"
-            )
-        run = _lock_run(run_id)
+        run = _lock_suspended_run_of(thread)
         waiting = _waiting_calls(run)
         # The Agent Inbox's [HumanResponse] list, or LangChain's {"decisions": [...]}.
         in_convention = conventions.parse(waiting, resume, _tool_parameters(run, waiting))
@@ -224,6 +213,22 @@ def thread_resume(*, thread: Thread, resume: JSONValue, actor: Actor) -> Run:
                 _validate_resume_data(tc, value)
                 _decide(run, tc, decision="answered", actor=actor, resume_data=value)
         return _after_decision(run, actor)
+
+
+def _lock_suspended_run_of(thread: Thread) -> Run:
+    """Lock the thread, then its suspended top-level run (Conflict when there is none)."""
+    _lock_thread(thread.id)
+    run_id = (
+        Run.objects.filter(thread=thread, status=RunStatus.SUSPENDED, parent_run__isnull=True)
+        .order_by("-suspended_at", "-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    if run_id is None:
+        raise Conflict(
+            f"Thread {thread.id} has no suspended run to resume", code="nothing_to_resume"
+        )
+    return _lock_run(run_id)
 
 
 def _tool_parameters(run: Run, waiting: list[ToolCall]) -> dict[str, dict[str, Any] | None]:

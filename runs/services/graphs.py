@@ -40,7 +40,6 @@ from runs.services.core import (
     _complete_lease,
     _fence,
     _insert_events,
-    _lock_run,
     _lock_thread,
     _now,
     _publish,
@@ -51,6 +50,7 @@ from runs.services.core import (
 from runs.services.decisions import (
     _after_decision,
     _decide,
+    _lock_suspended_run_of,
     _validate_resume_data,
     _waiting_calls,
 )
@@ -318,18 +318,7 @@ def graph_thread_resume(*, thread: Thread, resume: Any, actor: Actor) -> Run:
     """
     _check_json_size(resume, "command.resume")
     with transaction.atomic():
-        _lock_thread(thread.id)
-        run_id = (
-            Run.objects.filter(thread=thread, status=RunStatus.SUSPENDED, parent_run__isnull=True)
-            .order_by("-suspended_at", "-id")
-            .values_list("id", flat=True)
-            .first()
-        )
-        if run_id is None:
-            raise Conflict(
-                f"Thread {thread.id} has no suspended run to resume", code="nothing_to_resume"
-            )
-        run = _lock_run(run_id)
+        run = _lock_suspended_run_of(thread)
         waiting = _waiting_calls(run)
         by_id = {tc.tool_call_id: tc for tc in waiting}
         if isinstance(resume, dict) and resume and set(resume) <= set(by_id):
