@@ -159,7 +159,10 @@
     return [["inbox-total", "inbox-rows"], ["runs-total", "runs-rows"]].some(function (pair) {
       var total = document.getElementById(pair[0]), rows = document.getElementById(pair[1]);
       if (!total || !rows || total.dataset.count === undefined) return false;
-      var shown = rows.querySelectorAll("tr.row:not(.decided)").length;
+      // A row kept after this reviewer's decision is shown too; while a decision is under way
+      // (a kept row) a re-fetch would drop it, so the check waits for the next total.
+      if (rows.querySelector("tr.row[data-keep]")) return false;
+      var shown = rows.querySelectorAll("tr.row").length;
       var expected = Math.min(+total.dataset.count, +(rows.dataset.pageSize || 0) || Infinity);
       return shown < expected;
     });
