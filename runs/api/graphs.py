@@ -15,6 +15,7 @@ from langgraph.checkpoint.base import EmptyChannelError
 from langgraph.errors import InvalidUpdateError
 
 from runs import selectors, services
+from runs.api import presenters
 from runs.api.auth import Caller
 from runs.api.presenters import assistant_uuid, find_agent
 from runs.api.schemas import KWARG_FIELDS, RunCreateIn, refuse_checkpoint, refuse_keys
@@ -107,18 +108,9 @@ def state_out(snapshot: Any, value_keys: list[str]) -> dict[str, Any]:
 
 
 def _empty_state(thread: Thread) -> dict[str, Any]:
-    return {
-        "values": thread.values or {},
-        "next": [],
-        "tasks": [],
-        "metadata": None,
-        "created_at": None,
-        "checkpoint": None,
-        "parent_checkpoint": None,
-        "interrupts": [],
-        "checkpoint_id": None,
-        "parent_checkpoint_id": None,
-    }
+    return presenters.state_out(
+        thread, None
+    )  # a graph thread that never ran: the same shape as an agent's
 
 
 def thread_state(thread: Thread, agent: GraphAgent, checkpoint_id: Any = None) -> dict[str, Any]:
