@@ -11,9 +11,6 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from langgraph.checkpoint.base import EmptyChannelError
-from langgraph.errors import InvalidUpdateError
-
 from runs import selectors, services
 from runs.api import presenters
 from runs.api.auth import Caller
@@ -21,7 +18,6 @@ from runs.api.presenters import assistant_uuid, find_agent
 from runs.api.schemas import KWARG_FIELDS, RunCreateIn, refuse_checkpoint, refuse_keys
 from runs.engine.registry import all_agents
 from runs.exceptions import NotFound, Unsupported, ValidationFailed
-from runs.graphs.checkpointer import RunsiteSaver, project_values
 from runs.graphs.jsonable import to_json
 from runs.graphs.loader import GraphAgent
 from runs.models import GraphCheckpoint, Run, Thread
@@ -52,6 +48,10 @@ def graph_of_thread(thread: Thread) -> GraphAgent | None:
 
 
 def _bound(agent: GraphAgent) -> Any:
+    # LangGraph is imported on first use: a server without RUNS_GRAPHS never loads it
+    # (about 30 MB per web process).
+    from runs.graphs.checkpointer import RunsiteSaver
+
     return agent.graph.copy(update={"checkpointer": RunsiteSaver(value_keys=agent.value_keys)})
 
 
@@ -149,6 +149,11 @@ def update_state(
     graph = _bound(agent)
     config = _config(thread, checkpoint_id)
     config["metadata"] = {"graph_id": agent.id, "assistant_id": agent.id}
+
+    from langgraph.checkpoint.base import EmptyChannelError
+    from langgraph.errors import InvalidUpdateError
+
+    from runs.graphs.checkpointer import project_values
 
     def write() -> tuple[dict[str, Any], Any]:
         try:

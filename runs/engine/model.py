@@ -11,8 +11,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
-
 
 class Tool(Protocol):
     """What a model sees of a tool (runs.engine.agent.Tool satisfies it; no import needed)."""
@@ -173,6 +171,10 @@ class OpenAIChatModel:
             body["temperature"] = self.temperature
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         url = f"{self.base_url}/chat/completions"
+        # Imported here: only workers running an OpenAI-compatible model need httpx (and the
+        # CLI modules it loads); web processes stay smaller without it.
+        import httpx
+
         try:
             response = httpx.post(url, json=body, headers=headers, timeout=self.timeout)
         except httpx.TimeoutException:
