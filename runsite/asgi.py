@@ -10,8 +10,15 @@ import asyncio
 import os
 from typing import cast
 
-from asgiref.typing import ASGIReceiveCallable, ASGIReceiveEvent, ASGISendCallable, Scope
+from asgiref.typing import (
+    ASGI3Application,
+    ASGIReceiveCallable,
+    ASGIReceiveEvent,
+    ASGISendCallable,
+    Scope,
+)
 from django.core.asgi import get_asgi_application
+from django.core.handlers.asgi import ASGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runsite.settings")
 django_asgi_app = get_asgi_application()
@@ -23,6 +30,26 @@ from django.conf import settings  # noqa: E402
 
 from runs import live  # noqa: E402
 from runs.routing import websocket_urlpatterns  # noqa: E402
+
+API_PREFIX = "/api/"
+
+
+class ApiHandler(ASGIHandler):
+    """Django's handler with `settings.API_MIDDLEWARE` instead of `MIDDLEWARE`, for /api/."""
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        # BaseHandler reads settings.MIDDLEWARE itself; swap it only while the chain is built
+        # (once, at import, before the server takes requests).
+        full = settings.MIDDLEWARE
+        settings.MIDDLEWARE = settings.API_MIDDLEWARE
+        try:
+            super().load_middleware(is_async)
+        finally:
+            settings.MIDDLEWARE = full
+
+
+# django-stubs types the handler's own signature more narrowly than asgiref's protocol.
+_api_app = cast(ASGI3Application, ApiHandler())
 
 _router = ProtocolTypeRouter(
     {
@@ -52,6 +79,9 @@ async def application(scope: Scope, receive: ASGIReceiveCallable, send: ASGISend
 
     # ASGI lets a server add its own keys to a scope; the TypedDicts do not list them.
     extended = cast(Scope, {**scope, "runsite.disconnected": disconnected})
+    if scope["path"].startswith(API_PREFIX):
+        await _api_app(extended, watched_receive, send)
+        return
     await _router(extended, watched_receive, send)
 
 

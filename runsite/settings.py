@@ -136,6 +136,16 @@ MIDDLEWARE = [
     "runsite.middleware.DatabaseUnavailableMiddleware",
 ]
 
+# The JSON API (/api/) is served through only these (runsite/asgi.py): it authenticates with API
+# keys, sets no cookies and renders no pages, so sessions, CSRF, user auth, messages, frame
+# options and htmx would cost every call (a third of a bare request's time here) for nothing.
+API_MIDDLEWARE = [
+    "corsheaders.middleware.CorsMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "runsite.middleware.RejectNulMiddleware",
+    "runsite.middleware.DatabaseUnavailableMiddleware",
+]
+
 ROOT_URLCONF = "runsite.urls"
 
 
