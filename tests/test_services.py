@@ -426,6 +426,39 @@ def test_bulk_cancel_by_status_across_threads(drain, support) -> None:
     assert result.deleted == [suspended.id]
 
 
+def test_it_requests_the_cancel_of_many_running_runs_in_a_few_statements(
+    support, django_assert_max_num_queries
+) -> None:
+    runs = [
+        services.run_create(agent_id="echo", thread_id=make_thread().id, input=i, actor="t")
+        for i in range(12)
+    ]
+    claimed = services.run_claim(owner="w1", limit=12)
+    assert len(claimed) == 12
+    # The same handful of statements for 12 runs as for 1 (a sweep of runaway runs).
+    with django_assert_max_num_queries(10):
+        result = services.runs_cancel_many(
+            action="rollback", actor=support, status="running", reason="sweep"
+        )
+    assert sorted(result.requested) == sorted(r.id for r in runs)
+    for run in Run.objects.filter(id__in=[r.id for r in runs]):
+        assert run.status == RunStatus.RUNNING  # the worker acknowledges
+        assert run.cancel_action == "rollback" and run.cancel_reason == "sweep"
+        assert run.cancel_requested_at is not None
+        last = run.events.order_by("-seq").first()
+        assert (last.seq, last.kind) == (run.last_seq, "cancel_requested")
+        assert last.data == {"action": "rollback", "reason": "sweep"}
+    audited = AuditEntry.objects.filter(action="cancel_rollback", reason="sweep")
+    assert sorted(a.run_id for a in audited) == sorted(r.id for r in runs)
+    assert {a.after["status"] for a in audited} == {"deleted"}
+    # Asking again keeps the first request (no second event on the timelines).
+    seqs = dict(Run.objects.filter(id__in=[r.id for r in runs]).values_list("id", "last_seq"))
+    again = services.runs_cancel_many(action="rollback", actor=support, status="running")
+    assert sorted(again.requested) == sorted(r.id for r in runs)
+    assert dict(Run.objects.filter(id__in=seqs).values_list("id", "last_seq")) == seqs
+    assert set(Run.objects.filter(id__in=seqs).values_list("cancel_reason", flat=True)) == {"sweep"}
+
+
 def test_bulk_cancel_by_ids_skips_finished_runs(drain, support) -> None:
     thread = make_thread()
     done = services.run_create(agent_id="echo", thread_id=thread.id, input=1, actor="t")

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet, Value
+from django.db.models.functions import Coalesce
 
 from runs import metrics
 from runs.contracts import Actor, BulkCancelResult, actor_name
@@ -14,9 +15,12 @@ from runs.exceptions import Conflict, ValidationFailed
 from runs.models import (
     ACTIVE_STATUSES,
     TERMINAL_STATUSES,
+    AuditEntry,
     CancelAction,
     Run,
+    RunEvent,
     RunStatus,
+    Thread,
 )
 from runs.services.core import (
     CANCEL_CHANNEL,
@@ -27,11 +31,12 @@ from runs.services.core import (
     _clear_lease,
     _latest_thread_values,
     _lock_run,
-    _lock_thread,
     _notify,
+    _notify_cancel_many,
     _now,
     _publish,
     _refresh_thread,
+    _update_returning,
     _validate_choice,
     logger,
 )
@@ -219,14 +224,34 @@ def runs_cancel_many(
     result = BulkCancelResult()
     targets = list(qs.order_by("thread_id", "id").values_list("id", "thread_id"))
     with transaction.atomic():
-        for tid in sorted({t for _, t in targets if t is not None}):
-            _lock_thread(tid)
+        # Threads, then runs, each locked in id order in one statement (the documented order).
+        thread_ids = sorted({t for _, t in targets if t is not None})
+        if thread_ids:
+            list(
+                Thread.objects.select_for_update(no_key=True)
+                .filter(id__in=thread_ids)
+                .order_by("id")
+                .values_list("id", flat=True)
+            )
         runs = list(
             Run.objects.select_for_update(no_key=True)
             .filter(id__in=[r for r, _ in targets], status__in=ACTIVE_STATUSES)
             .order_by("id")
         )
+        # Running runs only get a request written on their rows: done for all of them in a few
+        # statements (a sweep of hundreds of runaway runs must not take a round trip each).
+        asked = [
+            r
+            for r in runs
+            if r.status == RunStatus.RUNNING
+            and (r.cancel_requested_at is None or r.cancel_action != action)
+        ]
+        _request_cancel_many(asked, action=action, actor=actor, reason=reason)
+        result.requested.extend(r.id for r in asked)
+        asked_ids = {r.id for r in asked}
         for run in runs:
+            if run.id in asked_ids:
+                continue
             outcome = _cancel_locked(run, action=action, actor=actor, reason=reason)
             if outcome is None:
                 result.deleted.append(run.id)
@@ -235,6 +260,63 @@ def runs_cancel_many(
             else:
                 result.interrupted.append(run.id)
     return result
+
+
+def _request_cancel_many(runs: Sequence[Run], *, action: str, actor: Actor, reason: str) -> None:
+    """`_cancel_locked` for running runs, batched: audit rows, the request and one
+    `cancel_requested` event per run, one notification. Caller holds the runs' row locks."""
+    if not runs:
+        return
+    target = "deleted" if action == CancelAction.ROLLBACK else RunStatus.INTERRUPTED
+    AuditEntry.objects.bulk_create(
+        AuditEntry(
+            actor=actor_name(actor),
+            action=f"cancel_{action}",
+            run_id=run.id,
+            thread_id=run.thread_id,
+            agent_id=run.agent_id,
+            resource_id=run.resource_id,
+            reason=reason,
+            before={"status": run.status},
+            after={"status": target},
+        )
+        for run in runs
+    )
+    now = _now()
+    # One UPDATE writes every request and reserves each run's next event seq (RETURNING).
+    rows = _update_returning(
+        Run.objects.filter(id__in=[r.id for r in runs]),
+        ["id", "last_seq"],
+        cancel_action=action,
+        cancel_requested_at=Coalesce(F("cancel_requested_at"), Value(now)),
+        cancel_reason=reason,
+        last_seq=F("last_seq") + 1,
+        updated_at=now,
+    )
+    seqs = dict(rows)
+    by_id = {r.id: r for r in runs}
+    name = actor_name(actor)
+    RunEvent.objects.bulk_create(
+        RunEvent(
+            run_id=run_id,
+            seq=seq,
+            kind="cancel_requested",
+            data={"action": action, "reason": reason},
+            actor=name,
+        )
+        for run_id, seq in seqs.items()
+    )
+    _notify_cancel_many(list(seqs))
+    for run_id, seq in seqs.items():
+        run = by_id[run_id]
+        run.last_seq = seq
+        run.cancel_action = action
+        run.cancel_requested_at = run.cancel_requested_at or now
+        run.cancel_reason = reason
+        _publish(run)
+    count = len(seqs)
+    transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc(count))
+    logger.info("cancel requested for %d running runs action=%s by=%s", count, action, name)
 
 
 def run_delete(*, run: Run, actor: Actor, pinned_resource_id: str | None = None) -> None:

@@ -366,11 +366,14 @@ async def test_it_cancels_a_stream_when_the_client_goes_away(client: Any) -> Non
 
 async def test_it_cancels_a_wait_when_the_client_goes_away(site: Any, client: Any) -> None:
     tid = (await client.threads.create())["thread_id"]
-    async with httpx.AsyncClient(base_url=site.url + "/api", timeout=0.7) as http:
+    # A run of ~30 s and a client that gives up after 3 s: long enough for a loaded machine to
+    # have created the run before the client leaves, far shorter than the run.
+    long_run = {"steps": 600, "delay_ms": 50}
+    async with httpx.AsyncClient(base_url=site.url + "/api", timeout=3.0) as http:
         with pytest.raises(httpx.ReadTimeout):
             await http.post(
                 f"/threads/{tid}/runs/wait",
-                json={"assistant_id": "slow", "input": SLOW, "on_disconnect": "cancel"},
+                json={"assistant_id": "slow", "input": long_run, "on_disconnect": "cancel"},
             )
 
     async def interrupted() -> bool:
