@@ -189,8 +189,6 @@ def _checkpoint_id_of(payload: RunCreateIn) -> str | None:
 
 
 def _refuse_unsupported(payload: RunCreateIn) -> None:
-    if payload.webhook:
-        raise Unsupported("webhook")
     checkpoint = {k: v for k, v in (payload.checkpoint or {}).items() if k != "checkpoint_id"}
     refuse_checkpoint(checkpoint)  # another namespace (a subgraph's checkpoint)
     refuse_keys(payload.command, "command", COMMAND_KEYS)
@@ -220,7 +218,10 @@ def create_run(
             )
         thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
         return graph_services.graph_thread_resume(
-            thread=thread, resume=command["resume"], actor=caller.actor
+            thread=thread,
+            resume=command["resume"],
+            actor=caller.actor,
+            webhook=payload.webhook or "",
         )
     kwargs = {k: v for k in KWARG_FIELDS if (v := getattr(payload, k)) is not None}
     kwargs["stream_mode"] = stream_mode
@@ -253,6 +254,7 @@ def create_run(
         if_not_exists=payload.if_not_exists or "reject",
         after_seconds=payload.after_seconds,
         pinned_resource_id=caller.pinned_resource_id,
+        webhook=payload.webhook or "",
     )
     head = Thread.objects.filter(runs=run).only("id", "metadata").first()
     if head is not None and "graph_id" not in (head.metadata or {}):

@@ -297,7 +297,7 @@ class RunCreateIn(BodyIn):
     after_seconds: float | None = Field(None, ge=0, le=31_536_000)
     durability: Literal["sync", "async", "exit"] | None = None
 
-    UNSUPPORTED = ("webhook", "interrupt_before", "interrupt_after", "checkpoint_id")
+    UNSUPPORTED = ("interrupt_before", "interrupt_after", "checkpoint_id")
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()

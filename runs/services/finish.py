@@ -41,6 +41,7 @@ from runs.services.core import (
     logger,
     stateless_expiry,
 )
+from runs.services.notifications import _announce
 from runs.services.steps import _step_event, _write_steps
 
 
@@ -98,6 +99,7 @@ def run_finish(
             if values is _UNSET:
                 values = steps[-1].values if steps else _latest_thread_values(lease.thread_id)
             _refresh_thread(lease.thread_id, values=values, finished_status=status)
+        _announce(lease.run_id, status)
         _publish_fenced(lease, fence.last_seq, status=status)
     return fence
 
@@ -194,6 +196,7 @@ def _finish_success_postgres(
             raise LeaseLost(
                 f"run {lease.run_id}: lease (owner {lease.owner}, attempt {lease.attempt}) lost"
             )
+        _announce(lease.run_id, RunStatus.SUCCESS)
         _publish_fenced(lease, row[0], status=RunStatus.SUCCESS)
     return FenceResult(last_seq=row[0], cancel_action=row[1])
 
@@ -254,6 +257,7 @@ def _finish_locked(
         if values is _UNSET:
             values = _latest_thread_values(run.thread_id)
         _refresh_thread(run.thread_id, values=values)
+    _announce(run, status)
     _publish(run)
 
 
