@@ -26,6 +26,7 @@ from runs.graphs.jsonable import to_json
 from runs.graphs.loader import GraphAgent
 from runs.models import GraphCheckpoint, Run, Thread
 from runs.services import graphs as graph_services
+from runs.webhooks import validate_url
 
 COMMAND_KEYS = ("resume", "update", "goto")
 CONFIG_KEYS = ("configurable", "metadata", "tags", "run_name", "recursion_limit")
@@ -189,6 +190,8 @@ def _checkpoint_id_of(payload: RunCreateIn) -> str | None:
 
 
 def _refuse_unsupported(payload: RunCreateIn) -> None:
+    if payload.webhook:
+        validate_url(payload.webhook, field="webhook")
     checkpoint = {k: v for k, v in (payload.checkpoint or {}).items() if k != "checkpoint_id"}
     refuse_checkpoint(checkpoint)  # another namespace (a subgraph's checkpoint)
     refuse_keys(payload.command, "command", COMMAND_KEYS)

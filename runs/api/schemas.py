@@ -19,6 +19,7 @@ from pydantic import AfterValidator, ConfigDict, model_validator
 from runs.api.presenters import assistant_uuid
 from runs.exceptions import Unsupported, ValidationFailed
 from runs.models import Run, Thread
+from runs.webhooks import validate_url
 
 # --- shared ------------------------------------------------------------------------------------
 
@@ -301,6 +302,9 @@ class RunCreateIn(BodyIn):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
+        if self.webhook:
+            # Before anything is created (a batch is checked whole first).
+            validate_url(self.webhook, field="webhook")
         refuse_checkpoint(self.checkpoint)  # time travel
         refuse_keys(self.command, "command", COMMAND_KEYS)
         refuse_keys(self.config, "config", CONFIG_KEYS)
