@@ -335,19 +335,26 @@ RUNS_WEBHOOK_CONCURRENCY = env_int("RUNS_WEBHOOK_CONCURRENCY", 4, minimum=1)
 # Links in notifications point here ("" : relative links, e.g. /runs/<id>/).
 RUNS_PUBLIC_URL = env_str("RUNS_PUBLIC_URL", "").rstrip("/")
 
-# E-mail for notification rules: the console backend unless SMTP is configured.
-EMAIL_HOST = env_str("EMAIL_HOST", "")
-EMAIL_BACKEND = env_str(
-    "EMAIL_BACKEND",
-    "django.core.mail.backends.smtp.EmailBackend"
-    if EMAIL_HOST
-    else "django.core.mail.backends.console.EmailBackend",
-)
-EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
-EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
-EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
-EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
-EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
+# E-mail for notification rules (Django's mailers): SMTP when EMAIL_HOST is set, else the
+# console backend (the demo). Tests get locmem from Django's test set-up.
+_EMAIL_HOST = env_str("EMAIL_HOST", "")
+MAILERS = {
+    "default": (
+        {
+            "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+            "OPTIONS": {
+                "host": _EMAIL_HOST,
+                "port": env_int("EMAIL_PORT", 587, minimum=1),
+                "username": env_str("EMAIL_HOST_USER", ""),
+                "password": env_str("EMAIL_HOST_PASSWORD", ""),
+                "use_tls": env_bool("EMAIL_USE_TLS", True),
+                "timeout": env_float("EMAIL_TIMEOUT", 10.0, minimum=0.1),
+            },
+        }
+        if _EMAIL_HOST
+        else {"BACKEND": "django.core.mail.backends.console.EmailBackend"}
+    )
+}
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "runsite@localhost")
 
 LOGGING = {

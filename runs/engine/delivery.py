@@ -14,7 +14,7 @@ from uuid import UUID
 import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.mail import EmailMessage, get_connection
+from django.core.mail import EmailMessage
 from django.db import close_old_connections
 
 from runs import services
@@ -97,7 +97,6 @@ def _email(delivery: Delivery) -> tuple[int | None, str, bool]:
             body=delivery.payload.get("body", ""),
             to=recipients,
             headers={DELIVERY_HEADER: str(delivery.id)},
-            connection=get_connection(timeout=settings.RUNS_WEBHOOK_TIMEOUT_SECONDS),
         )
         message.send()
     except Exception as exc:  # SMTP errors come in many classes; each is one failed attempt
