@@ -7,7 +7,8 @@ notification never arrives before the row it talks about. Lock order and fencing
 
 `from runs import services; services.run_cancel(...)` is the way in; the modules are:
 threads, runs (create), queue (claim/heartbeat/reap/release), steps, finish, cancel,
-decisions, agent_inbox (a graph's Agent Inbox choices), access, and core (locks, events,
+decisions, agent_inbox (a graph's Agent Inbox choices), access, notifications (the webhook and
+e-mail outbox, written with each suspend/end), and core (locks, events,
 audit, publishing).
 """
 

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.urls import reverse
 
 from runs.contracts import JSONObject, assistant_uuid
@@ -248,22 +248,20 @@ def deliveries_claim(*, owner: str, limit: int) -> list[Delivery]:
             )
             ids = [row[0] for row in cursor.fetchall()]
     else:
-        # Twin of _CLAIM_SQL_POSTGRES. SQLite has one writer at a time, so the conditional
-        # UPDATE per row is the lock: a row another process took in between is skipped.
+        # Twin of _CLAIM_SQL_POSTGRES. SQLite has one writer at a time: the conditional UPDATE
+        # of each row is the lock (a row another process took in between matches nothing).
         due = Q(status__in=DUE_DELIVERY_STATUSES, next_attempt_at__lte=now) & (
             Q(locked_until__isnull=True) | Q(locked_until__lt=now)
         )
-        ids = []
         candidates = Delivery.objects.filter(due).order_by("next_attempt_at")[:limit]
-        for row_id in list(candidates.values_list("id", flat=True)):
-            with transaction.atomic():
-                row = Delivery.objects.filter(due, id=row_id).first()
-                if row is None:
-                    continue
-                Delivery.objects.filter(id=row_id).update(
-                    locked_by=owner, locked_until=until, attempts=row.attempts + 1, updated_at=now
-                )
-                ids.append(row_id)
+        ids = [
+            row_id
+            for row_id in list(candidates.values_list("id", flat=True))
+            if Delivery.objects.filter(due, id=row_id).update(
+                locked_by=owner, locked_until=until, attempts=F("attempts") + 1, updated_at=now
+            )
+            == 1
+        ]
     claimed = list(Delivery.objects.filter(id__in=ids).order_by("next_attempt_at"))
     handed = []
     for d in claimed:
