@@ -113,7 +113,10 @@ WITH f AS (
            last_seq = last_seq + %(n_events)s
      WHERE id = %(run)s AND lease_owner = %(owner)s AND attempt = %(attempt)s
        AND status = 'running'
-    RETURNING last_seq, cancel_action
+    -- Whether the run has deliveries to write (its webhook, or a rule for its agent).
+    RETURNING last_seq, cancel_action, webhook <> '' OR EXISTS (
+        SELECT 1 FROM runs_notificationrule n WHERE n.agent_id = runs_run.agent_id AND n.active
+    ) AS announce
 ), steps AS (
     INSERT INTO runs_checkpoint (id, thread_id, run_id, parent_id, step, values, pending, created_at)
     SELECT x.id, %(thread)s, %(run)s, x.parent_id, x.step, x.values, x.pending, %(now)s
@@ -146,7 +149,7 @@ WITH f AS (
              THEN %(expires)s ELSE runs_thread.expires_at END
      WHERE id = %(thread)s AND EXISTS (SELECT 1 FROM f)
 )
-SELECT last_seq, cancel_action FROM f
+SELECT last_seq, cancel_action, announce FROM f
 """
 
 
@@ -196,7 +199,8 @@ def _finish_success_postgres(
             raise LeaseLost(
                 f"run {lease.run_id}: lease (owner {lease.owner}, attempt {lease.attempt}) lost"
             )
-        _announce(lease.run_id, RunStatus.SUCCESS)
+        if row[2]:
+            _announce(lease.run_id, RunStatus.SUCCESS)
         _publish_fenced(lease, row[0], status=RunStatus.SUCCESS)
     return FenceResult(last_seq=row[0], cancel_action=row[1])
 

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.urls import reverse
 
 from runs.contracts import JSONObject, assistant_uuid
@@ -105,6 +105,8 @@ def _summary(run: Run, event: str) -> str:
 
 
 def _rule_deliveries(run: Run, event: str, now: Any) -> list[Delivery]:
+    if getattr(run, "has_rules", True) is False:
+        return []  # known from the query that loaded the run
     rules = [
         r
         for r in NotificationRule.objects.filter(active=True, agent_id=run.agent_id)
@@ -166,13 +168,16 @@ def _rule_deliveries(run: Run, event: str, now: Any) -> list[Delivery]:
     return out
 
 
+_rules_of_run = NotificationRule.objects.filter(active=True, agent_id=OuterRef("agent_id"))
+
+
 def _announce(run: Run | UUID, event: str) -> int:
     """Write the outbox rows for `event` of a run: its own webhook and the matching rules.
 
     Call it inside the transaction of the state change, after the thread's values are
     written (the webhook body carries them). Returns the number of rows written."""
     if not isinstance(run, Run):
-        found = Run.objects.filter(id=run).first()
+        found = Run.objects.annotate(has_rules=Exists(_rules_of_run)).filter(id=run).first()
         if found is None:
             return 0
         run = found
