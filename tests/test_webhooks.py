@@ -501,3 +501,40 @@ def test_staff_manage_rules_in_the_admin_and_a_private_url_is_refused(
     rule = NotificationRule.objects.get()
     assert rule.events == ["suspended", "stuck"] and rule.email_group == group
     assert client.get("/admin/runs/delivery/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_rule_hears_the_reapers_timeout_and_the_run_webhook_too(receiver: Receiver) -> None:
+    NotificationRule.objects.create(
+        name="timeouts", agent_id="slow", events=["timeout"], webhook_url=receiver.url + "?rule"
+    )
+    r = post("/runs", {"assistant_id": "slow", "input": {}, "webhook": receiver.url})
+    [claimed] = services.run_claim(owner="frozen-worker")  # then the worker hangs in a tool
+    Run.objects.filter(id=claimed.run.id).update(deadline_at=timezone.now() - timedelta(seconds=1))
+    services.runs_reap()
+    assert Run.objects.get(id=r.json()["run_id"]).status == RunStatus.TIMEOUT
+    deliver_until_done()
+    bodies = sorted((rq["body"] for rq in receiver.requests), key=len)
+    assert {json.loads(b)["event"] for b in bodies} == {"timeout"}
+    assert len(bodies) == 2  # the rule's and the run's own
+    assert Delivery.objects.filter(status="sent").count() == 2
+
+
+@pytest.mark.django_db
+def test_the_outbox_row_commits_or_rolls_back_with_the_state_change(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = post("/runs", {"assistant_id": "flaky", "input": {}, "webhook": receiver.url})
+    [claimed] = services.run_claim(owner="w")
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("database went away after the outbox insert")
+
+    monkeypatch.setattr("runs.services.finish._publish_fenced", crash)
+    with pytest.raises(RuntimeError):
+        services.run_finish(lease=claimed.lease, status="error", error={"error": "X"})
+    assert Run.objects.get(id=r.json()["run_id"]).status == RunStatus.RUNNING
+    assert not Delivery.objects.exists()
+    monkeypatch.undo()
+    services.run_finish(lease=claimed.lease, status="error", error={"error": "X"})
+    assert Delivery.objects.get().event == "error"
