@@ -50,7 +50,7 @@ run: $(VENV)/.installed
 	@echo "  !! RUNS_API_AUTH=off: the JSON API accepts requests without an API key (demo only) !!"
 	@echo ""
 	@echo "  The Agent Inbox app on http://localhost:3000 may call the API (RUNS_CORS_ALLOWED_ORIGINS)"
-	RUNS_EMBEDDED_WORKER=1 RUNS_API_AUTH=off DEBUG=$${DEBUG:-1} \
+	RUNS_EMBEDDED_WORKER=1 RUNS_API_AUTH=off DEBUG=$${DEBUG:-1} RUNS_WEBHOOK_ALLOW_PRIVATE=$${RUNS_WEBHOOK_ALLOW_PRIVATE:-1} \
 	  RUNS_GRAPHS=$${RUNS_GRAPHS:-runs/graphs/demo.json} \
 	  RUNS_CORS_ALLOWED_ORIGINS=$${RUNS_CORS_ALLOWED_ORIGINS:-http://localhost:3000,http://127.0.0.1:3000} \
 	  $(PY) -m daphne -b $(HOST) -p $(PORT) runsite.asgi:application

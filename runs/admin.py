@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
@@ -13,7 +15,19 @@ from django.utils.html import format_html
 
 from runs import services
 from runs.exceptions import RunsError
-from runs.models import ApiKey, AuditEntry, Checkpoint, Run, RunEvent, Thread, ToolCall
+from runs.models import (
+    ApiKey,
+    AuditEntry,
+    Checkpoint,
+    Delivery,
+    NotificationEvent,
+    NotificationRule,
+    Run,
+    RunEvent,
+    Thread,
+    ToolCall,
+)
+from runs.webhooks import WebhookRefused, check_url
 
 
 def pretty_json(value: object) -> str:
@@ -264,3 +278,76 @@ class ApiKeyAdmin(ReadOnlyAdmin):
         for key in queryset:
             services.api_key_revoke(key=key)
         self.message_user(request, f"Revoked {queryset.count()} key(s).", messages.SUCCESS)
+
+
+class NotificationRuleForm(forms.ModelForm):
+    events = forms.MultipleChoiceField(
+        choices=NotificationEvent.choices, widget=forms.CheckboxSelectMultiple
+    )
+
+    class Meta:
+        model = NotificationRule
+        fields = (
+            "name",
+            "agent_id",
+            "resource_id",
+            "events",
+            "webhook_url",
+            "webhook_format",
+            "email_group",
+            "active",
+        )
+
+    def clean_webhook_url(self) -> str:
+        url: str = self.cleaned_data.get("webhook_url") or ""
+        if url:
+            try:
+                check_url(url)
+            except WebhookRefused as exc:
+                raise forms.ValidationError(str(exc)) from None
+        return url
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if not data.get("webhook_url") and not data.get("email_group"):
+            raise forms.ValidationError("Give a webhook URL, an e-mail group, or both.")
+        return data
+
+
+@admin.register(NotificationRule)
+class NotificationRuleAdmin(admin.ModelAdmin):
+    form = NotificationRuleForm
+    list_display = ("name", "agent_id", "resource_id", "events", "webhook_format", "active")
+    list_filter = ("active", "agent_id")
+    search_fields = ("name", "agent_id", "resource_id")
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(ReadOnlyAdmin):
+    list_display = ("id", "run_id", "event", "channel", "target", "status", "attempts")
+    list_filter = ("status", "event", "channel", "created_at")
+    search_fields = ("=id", "=run_id", "target")
+    exclude = ("payload", "log")
+    readonly_fields = (
+        "id",
+        "run_id",
+        "agent_id",
+        "rule",
+        "event",
+        "channel",
+        "target",
+        "format",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "locked_by",
+        "locked_until",
+        "last_status_code",
+        "last_error",
+        "created_at",
+        "finished_at",
+        "payload_pretty",
+        "log_pretty",
+    )
+    payload_pretty = json_display("payload")
+    log_pretty = json_display("log")

@@ -131,6 +131,8 @@ class Run(models.Model):
     )
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_reason = models.TextField(blank=True, default="")
+    # LangGraph's `webhook`: POSTed the run when it suspends or ends (runs/services/notifications).
+    webhook = models.CharField(max_length=2000, blank=True, default="")
     last_seq = models.PositiveIntegerField(default=0)  # last RunEvent.seq handed out
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -439,3 +441,118 @@ class GraphWrite(models.Model):
 
     def __str__(self) -> str:
         return f"graph write {self.channel} of task {self.task_id}"
+
+
+class NotificationEvent(models.TextChoices):
+    """What a delivery announces. A run's own webhook hears suspended and every end; a rule
+    picks among all of them. A new event is one more member here (and a call to
+    services.notifications where it happens)."""
+
+    SUSPENDED = "suspended"
+    SUCCESS = "success"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    INTERRUPTED = "interrupted"
+    STUCK = "stuck"
+
+
+class WebhookFormat(models.TextChoices):
+    GENERIC = "generic", "Generic JSON"
+    SLACK = "slack", 'Slack-compatible {"text": ...}'
+
+
+class NotificationRule(models.Model):
+    """When a run of `agent_id` (optionally on `resource_id`) meets one of `events`, notify a
+    webhook and/or e-mail a group. Managed in the admin."""
+
+    name = models.CharField(max_length=100)
+    agent_id = models.CharField(max_length=128)
+    resource_id = models.CharField(
+        max_length=255, blank=True, default="", help_text="Empty: runs on every resource."
+    )
+    events = models.JSONField(default=list, help_text="NotificationEvent values")
+    webhook_url = models.CharField(max_length=2000, blank=True, default="")
+    webhook_format = models.CharField(
+        max_length=16, choices=WebhookFormat.choices, default=WebhookFormat.GENERIC
+    )
+    email_group = models.ForeignKey(
+        "auth.Group", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes: ClassVar = [models.Index(fields=["agent_id"], name="rule_agent_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.agent_id})"
+
+
+class DeliveryChannel(models.TextChoices):
+    WEBHOOK = "webhook"
+    EMAIL = "email"
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending"
+    RETRYING = "retrying"
+    SENT = "sent"
+    FAILED = "failed"  # gave up after RUNS_WEBHOOK_MAX_ATTEMPTS, or refused for good
+
+
+DUE_DELIVERY_STATUSES = (DeliveryStatus.PENDING, DeliveryStatus.RETRYING)
+
+
+class Delivery(models.Model):
+    """One message of the outbox: written in the transaction that changed the run, sent (at
+    least once) by the workers. Its id is the idempotency id a receiver dedupes on."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    # A plain value, not a foreign key: a rollback deletes the run, not what was announced.
+    run_id = models.UUIDField()
+    agent_id = models.CharField(max_length=128, blank=True, default="")
+    rule = models.ForeignKey(
+        NotificationRule, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    event = models.CharField(max_length=32)
+    channel = models.CharField(max_length=16, choices=DeliveryChannel.choices)
+    target = models.CharField(max_length=2000)  # the URL, or the e-mail group's name
+    format = models.CharField(max_length=16, default="langgraph")  # langgraph, generic, slack
+    payload = models.JSONField(default=dict)  # the body (webhook) or subject/body (e-mail)
+    status = models.CharField(
+        max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    # The claim's lease: a worker killed mid-delivery leaves it; the row is due again after it.
+    locked_by = models.CharField(max_length=128, blank=True, default="")
+    locked_until = models.DateTimeField(null=True, blank=True)
+    last_status_code = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    log = models.JSONField(default=list, blank=True)  # one entry per attempt
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "deliveries"
+        indexes: ClassVar = [
+            # The outbox's due rows (claim query).
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=Q(status__in=["pending", "retrying"]),
+                name="delivery_due_idx",
+            ),
+            models.Index(fields=["run_id", "created_at"], name="delivery_run_idx"),
+        ]
+        constraints: ClassVar = [
+            # A stuck run is announced once per rule and channel, however many workers scan.
+            models.UniqueConstraint(
+                fields=["run_id", "rule", "channel"],
+                condition=Q(event="stuck"),
+                name="one_stuck_delivery_per_rule",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} of {self.run_id} to {self.target} ({self.status})"

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.urls import path
 
 from runs import views
+from runs.views import notifications
 
 app_name = "runs"
 urlpatterns = [
@@ -12,6 +13,7 @@ urlpatterns = [
     path("runs/bulk-cancel/", views.runs_bulk_cancel, name="runs_bulk_cancel"),
     path("runs/<uuid:run_id>/", views.run_detail, name="run_detail"),
     path("runs/<uuid:run_id>/events/", views.run_events, name="run_events"),
+    path("runs/<uuid:run_id>/deliveries/", notifications.run_deliveries, name="run_deliveries"),
     path("runs/<uuid:run_id>/state/", views.run_state, name="run_state"),
     path("runs/<uuid:run_id>/approve/", views.tool_call_approve, name="tool_call_approve"),
     path("runs/<uuid:run_id>/decline/", views.tool_call_decline, name="tool_call_decline"),

@@ -331,6 +331,42 @@ RUNS_OPENAI_API_KEY = env_str("RUNS_OPENAI_API_KEY", "")
 RUNS_OPENAI_MODEL = env_str("RUNS_OPENAI_MODEL", "gpt-4o-mini")
 RUNS_OPENAI_TIMEOUT = env_float("RUNS_OPENAI_TIMEOUT", 60.0, minimum=0.1)
 
+# Webhooks and notifications (docs/notifications.md). The secret signs every POST; without one
+# the signature header is left out. Private targets are refused unless allowed (SSRF).
+RUNS_WEBHOOK_SECRET = env_str("RUNS_WEBHOOK_SECRET", "")
+RUNS_WEBHOOK_ALLOW_PRIVATE = env_bool("RUNS_WEBHOOK_ALLOW_PRIVATE", False)
+RUNS_WEBHOOK_MAX_ATTEMPTS = env_int("RUNS_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
+RUNS_WEBHOOK_TIMEOUT_SECONDS = env_float("RUNS_WEBHOOK_TIMEOUT_SECONDS", 5.0, minimum=0.1)
+RUNS_WEBHOOK_BACKOFF_SECONDS = env_float("RUNS_WEBHOOK_BACKOFF_SECONDS", 10.0, minimum=0.01)
+RUNS_WEBHOOK_BACKOFF_MAX_SECONDS = env_float(
+    "RUNS_WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0, minimum=0.01
+)
+RUNS_WEBHOOK_CONCURRENCY = env_int("RUNS_WEBHOOK_CONCURRENCY", 4, minimum=1)
+# Links in notifications point here ("" : relative links, e.g. /runs/<id>/).
+RUNS_PUBLIC_URL = env_str("RUNS_PUBLIC_URL", "").rstrip("/")
+
+# E-mail for notification rules (Django's mailers): SMTP when EMAIL_HOST is set, else the
+# console backend (the demo). Tests get locmem from Django's test set-up.
+_EMAIL_HOST = env_str("EMAIL_HOST", "")
+MAILERS = {
+    "default": (
+        {
+            "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+            "OPTIONS": {
+                "host": _EMAIL_HOST,
+                "port": env_int("EMAIL_PORT", 587, minimum=1),
+                "username": env_str("EMAIL_HOST_USER", ""),
+                "password": env_str("EMAIL_HOST_PASSWORD", ""),
+                "use_tls": env_bool("EMAIL_USE_TLS", True),
+                "timeout": env_float("EMAIL_TIMEOUT", 10.0, minimum=0.1),
+            },
+        }
+        if _EMAIL_HOST
+        else {"BACKEND": "django.core.mail.backends.console.EmailBackend"}
+    )
+}
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "runsite@localhost")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

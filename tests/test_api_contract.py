@@ -51,7 +51,6 @@ def assert_unsupported(response: Any, field: str) -> None:
 # --- runs -------------------------------------------------------------------------------------
 
 REFUSED_RUN_FIELDS = [
-    ({"webhook": "https://example.com/hook"}, "webhook"),
     ({"interrupt_before": "*"}, "interrupt_before"),
     ({"interrupt_before": ["tools"]}, "interrupt_before"),
     ({"interrupt_after": ["agent"]}, "interrupt_after"),
@@ -84,8 +83,8 @@ def test_it_refuses_run_fields_it_cannot_honour_on_a_thread(
 def test_it_refuses_them_on_stateless_runs_without_creating_a_thread(
     api: Client, endpoint: str
 ) -> None:
-    r = post(api, endpoint, {"assistant_id": "echo", "webhook": "https://example.com/hook"})
-    assert_unsupported(r, "webhook")
+    r = post(api, endpoint, {"assistant_id": "echo", "interrupt_before": "*"})
+    assert_unsupported(r, "interrupt_before")
     assert not Run.objects.exists() and not Thread.objects.exists()
 
 

@@ -22,6 +22,7 @@ from runs.graphs.jsonable import to_json
 from runs.graphs.loader import GraphAgent
 from runs.models import GraphCheckpoint, Run, Thread
 from runs.services import graphs as graph_services
+from runs.webhooks import validate_url
 
 COMMAND_KEYS = ("resume", "update", "goto")
 CONFIG_KEYS = ("configurable", "metadata", "tags", "run_name", "recursion_limit")
@@ -195,7 +196,7 @@ def _checkpoint_id_of(payload: RunCreateIn) -> str | None:
 
 def _refuse_unsupported(payload: RunCreateIn) -> None:
     if payload.webhook:
-        raise Unsupported("webhook")
+        validate_url(payload.webhook, field="webhook")
     checkpoint = {k: v for k, v in (payload.checkpoint or {}).items() if k != "checkpoint_id"}
     refuse_checkpoint(checkpoint)  # another namespace (a subgraph's checkpoint)
     refuse_keys(payload.command, "command", COMMAND_KEYS)
@@ -225,7 +226,10 @@ def create_run(
             )
         thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
         return graph_services.graph_thread_resume(
-            thread=thread, resume=command["resume"], actor=caller.actor
+            thread=thread,
+            resume=command["resume"],
+            actor=caller.actor,
+            webhook=payload.webhook or "",
         )
     kwargs = {k: v for k in KWARG_FIELDS if (v := getattr(payload, k)) is not None}
     kwargs["stream_mode"] = stream_mode
@@ -258,6 +262,7 @@ def create_run(
         if_not_exists=payload.if_not_exists or "reject",
         after_seconds=payload.after_seconds,
         pinned_resource_id=caller.pinned_resource_id,
+        webhook=payload.webhook or "",
     )
     head = Thread.objects.filter(runs=run).only("id", "metadata").first()
     if head is not None and "graph_id" not in (head.metadata or {}):

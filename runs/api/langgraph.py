@@ -363,6 +363,7 @@ def _create_run(
         if_not_exists=payload.if_not_exists or "reject",
         after_seconds=payload.after_seconds,
         pinned_resource_id=caller.pinned_resource_id,
+        webhook=payload.webhook or "",
     )
 
 

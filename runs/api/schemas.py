@@ -19,6 +19,7 @@ from pydantic import AfterValidator, ConfigDict, model_validator
 from runs.api.presenters import assistant_uuid
 from runs.exceptions import Unsupported, ValidationFailed
 from runs.models import Run, Thread
+from runs.webhooks import validate_url
 
 # --- shared ------------------------------------------------------------------------------------
 
@@ -297,10 +298,13 @@ class RunCreateIn(BodyIn):
     after_seconds: float | None = Field(None, ge=0, le=31_536_000)
     durability: Literal["sync", "async", "exit"] | None = None
 
-    UNSUPPORTED = ("webhook", "interrupt_before", "interrupt_after", "checkpoint_id")
+    UNSUPPORTED = ("interrupt_before", "interrupt_after", "checkpoint_id")
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
+        if self.webhook:
+            # Before anything is created (a batch is checked whole first).
+            validate_url(self.webhook, field="webhook")
         refuse_checkpoint(self.checkpoint)  # time travel
         refuse_keys(self.command, "command", COMMAND_KEYS)
         refuse_keys(self.config, "config", CONFIG_KEYS)

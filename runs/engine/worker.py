@@ -30,13 +30,18 @@ from django.utils import timezone
 from runs import metrics, services
 from runs.engine import wakeup
 from runs.engine.context import NonRetryableError, RunControl, RunStopped
+from runs.engine.delivery import Deliverer
 from runs.engine.loop import Finished, StepLoop, Suspended, error_of
 from runs.engine.registry import get_agent
 from runs.exceptions import LeaseLost, NotFound
 from runs.graphs.loader import is_graph_agent
 from runs.models import RunStatus
+from runs.selectors.notifications import stuck_runs_to_announce
 
 logger = logging.getLogger("runs.worker")
+
+
+STUCK_SCAN_SECONDS = 30.0
 
 
 def new_owner_id() -> str:
@@ -221,6 +226,7 @@ class Worker:
         self._pool = _DaemonPool("runsite-run")
         self._listener: threading.Thread | None = None
         self.claimed_total = 0
+        self._deliverer = Deliverer(owner=self.owner, wake=self._wake)
 
     # -- signals from outside -----------------------------------------------------------------
 
@@ -254,6 +260,7 @@ class Worker:
         logger.info("worker %s started (concurrency %d)", self.owner, self.concurrency)
         next_heartbeat = time.monotonic() + self.heartbeat_seconds
         next_reap = time.monotonic()
+        next_stuck_scan = time.monotonic()
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
@@ -262,10 +269,14 @@ class Worker:
                     if now >= next_reap:
                         services.runs_reap()
                         next_reap = now + self.reaper_seconds
+                    if now >= next_stuck_scan:
+                        self._announce_stuck()
+                        next_stuck_scan = now + STUCK_SCAN_SECONDS
                     if now >= next_heartbeat:
                         self._heartbeat()
                         next_heartbeat = now + self.heartbeat_seconds
                     self._watch_deadlines()
+                    self._deliverer.tick()  # the outbox: sent on its own threads
                     got = self._claim()
                 except Exception:
                     logger.exception("worker loop error; retrying shortly")
@@ -278,6 +289,12 @@ class Worker:
                 self._wake.wait(timeout)
         finally:
             self._shutdown()
+
+    def _announce_stuck(self) -> None:
+        # Every worker scans; the outbox's unique constraint keeps one message per run and rule.
+        run_ids = stuck_runs_to_announce()
+        if run_ids:
+            services.runs_announce_stuck(run_ids=run_ids)
 
     def _free_slots(self) -> int:
         with self._lock:
@@ -364,6 +381,8 @@ class Worker:
 
     def _shutdown(self) -> None:
         wakeup.unregister(self)
+        # Deliveries in flight finish or are left to their lease (then re-sent: at least once).
+        self._deliverer.shutdown(wait=False)
         with self._lock:
             actives = list(self._active.values())
         for a in actives:

@@ -7,7 +7,8 @@ notification never arrives before the row it talks about. Lock order and fencing
 
 `from runs import services; services.run_cancel(...)` is the way in; the modules are:
 threads, runs (create), queue (claim/heartbeat/reap/release), steps, finish, cancel,
-decisions, agent_inbox (a graph's Agent Inbox choices), access, and core (locks, events,
+decisions, agent_inbox (a graph's Agent Inbox choices), access, notifications (the webhook and
+e-mail outbox, written with each suspend/end), and core (locks, events,
 audit, publishing).
 """
 
@@ -40,6 +41,12 @@ from runs.services.decisions import (
     tool_call_decline,
 )
 from runs.services.finish import run_acknowledge_cancel, run_fail_attempt, run_finish
+from runs.services.notifications import (
+    deliveries_claim,
+    delivery_record,
+    run_url,
+    runs_announce_stuck,
+)
 from runs.services.queue import run_claim, run_heartbeat, run_release, run_set_deadline, runs_reap
 from runs.services.runs import run_create, run_create_child
 from runs.services.steps import run_emit, run_save_steps, run_suspend, tool_call_update
@@ -68,6 +75,8 @@ __all__ = [
     "api_key_create",
     "api_key_revoke",
     "api_key_touch",
+    "deliveries_claim",
+    "delivery_record",
     "groups_ensure",
     "run_acknowledge_cancel",
     "run_cancel",
@@ -83,6 +92,8 @@ __all__ = [
     "run_save_steps",
     "run_set_deadline",
     "run_suspend",
+    "run_url",
+    "runs_announce_stuck",
     "runs_cancel_many",
     "runs_reap",
     "thread_create",

@@ -40,6 +40,7 @@ from runs.services.core import (
     _validate_choice,
     logger,
 )
+from runs.services.notifications import _announce
 
 
 def run_cancel(
@@ -150,6 +151,7 @@ def _apply_cancel(run: Run, *, action: str, actor: Actor, reason: str = "") -> R
         )
     if run.parent_run_id is None and run.thread_id is not None:
         _refresh_thread(run.thread_id, values=_latest_thread_values(run.thread_id))
+    _announce(run, RunStatus.INTERRUPTED)
     _publish(run)
     return run
 

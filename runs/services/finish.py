@@ -41,6 +41,7 @@ from runs.services.core import (
     logger,
     stateless_expiry,
 )
+from runs.services.notifications import _announce
 from runs.services.steps import _step_event, _write_steps
 
 
@@ -98,6 +99,7 @@ def run_finish(
             if values is _UNSET:
                 values = steps[-1].values if steps else _latest_thread_values(lease.thread_id)
             _refresh_thread(lease.thread_id, values=values, finished_status=status)
+        _announce(lease.run_id, status)
         _publish_fenced(lease, fence.last_seq, status=status)
     return fence
 
@@ -111,7 +113,10 @@ WITH f AS (
            last_seq = last_seq + %(n_events)s
      WHERE id = %(run)s AND lease_owner = %(owner)s AND attempt = %(attempt)s
        AND status = 'running'
-    RETURNING last_seq, cancel_action
+    -- Whether the run has deliveries to write (its webhook, or a rule for its agent).
+    RETURNING last_seq, cancel_action, webhook <> '' OR EXISTS (
+        SELECT 1 FROM runs_notificationrule n WHERE n.agent_id = runs_run.agent_id AND n.active
+    ) AS announce
 ), steps AS (
     INSERT INTO runs_checkpoint (id, thread_id, run_id, parent_id, step, values, pending, created_at)
     SELECT x.id, %(thread)s, %(run)s, x.parent_id, x.step, x.values, x.pending, %(now)s
@@ -144,7 +149,7 @@ WITH f AS (
              THEN %(expires)s ELSE runs_thread.expires_at END
      WHERE id = %(thread)s AND EXISTS (SELECT 1 FROM f)
 )
-SELECT last_seq, cancel_action FROM f
+SELECT last_seq, cancel_action, announce FROM f
 """
 
 
@@ -194,6 +199,8 @@ def _finish_success_postgres(
             raise LeaseLost(
                 f"run {lease.run_id}: lease (owner {lease.owner}, attempt {lease.attempt}) lost"
             )
+        if row[2]:
+            _announce(lease.run_id, RunStatus.SUCCESS)
         _publish_fenced(lease, row[0], status=RunStatus.SUCCESS)
     return FenceResult(last_seq=row[0], cancel_action=row[1])
 
@@ -254,6 +261,7 @@ def _finish_locked(
         if values is _UNSET:
             values = _latest_thread_values(run.thread_id)
         _refresh_thread(run.thread_id, values=values)
+    _announce(run, status)
     _publish(run)
 
 

@@ -54,6 +54,8 @@ from runs.services.decisions import (
     _validate_resume_data,
     _waiting_calls,
 )
+from runs.services.notifications import _announce
+from runs.webhooks import validate_url
 
 Event = tuple[str, dict[str, Any], str]
 
@@ -306,17 +308,21 @@ def graph_run_suspend(
             _refresh_thread(lease.thread_id, values=values)
         else:
             _refresh_thread(lease.thread_id)
+        _announce(run, RunStatus.SUSPENDED)
     metrics.SUSPENSIONS.inc()
     return RunStatus.SUSPENDED
 
 
-def graph_thread_resume(*, thread: Thread, resume: Any, actor: Actor) -> Run:
+def graph_thread_resume(*, thread: Thread, resume: Any, actor: Actor, webhook: str = "") -> Run:
     """`command.resume` on a graph thread: answer the interrupts its suspended run waits on.
 
     A map {interrupt_id: value} answers those interrupts; any other value answers the only
-    one. Values are kept as given and handed to the graph as Command(resume=…).
+    one. Values are kept as given and handed to the graph as Command(resume=…). A `webhook`
+    replaces the run's (checked as in run_create).
     """
     _check_json_size(resume, "command.resume")
+    if webhook:
+        validate_url(webhook, field="webhook")
     with transaction.atomic():
         run = _lock_suspended_run_of(thread)
         waiting = _waiting_calls(run)
@@ -336,6 +342,9 @@ def graph_thread_resume(*, thread: Thread, resume: Any, actor: Actor) -> Run:
             if tc.status == ToolCallStatus.AWAITING_INPUT:
                 _validate_resume_data(tc, value)  # against the interrupt's response_schema
             _decide(run, tc, decision="answered", actor=actor, resume_data=value)
+        if webhook:
+            Run.objects.filter(id=run.id).update(webhook=webhook)
+            run.webhook = webhook
         return _after_decision(run, actor)
 
 

@@ -35,6 +35,7 @@ from runs.services.core import (
 )
 from runs.services.decisions import thread_resume
 from runs.services.threads import _thread_in_scope, thread_create
+from runs.webhooks import validate_url
 
 
 def run_create(
@@ -50,8 +51,13 @@ def run_create(
     if_not_exists: str = "reject",
     after_seconds: float | None = None,
     pinned_resource_id: str | None = None,
+    webhook: str = "",
 ) -> Run:
     """Create a run (or, with `command.resume`, resume the thread's suspended run).
+
+    `webhook` (LangGraph's): a URL POSTed the run when it suspends or ends (notifications);
+    a URL that may not be called is refused (422 naming `webhook`). On resume it replaces the
+    suspended run's webhook.
 
     Without a thread the run is stateless: it gets a temporary thread, deleted (with its runs,
     checkpoints and events) RUNS_STATELESS_KEEP_SECONDS after the run ends, unless
@@ -59,6 +65,8 @@ def run_create(
     suspended: a run waiting for a human holds its thread) is handled by `multitask_strategy`.
     """
     agent = get_agent(agent_id)
+    if webhook:
+        validate_url(webhook, field="webhook")
     _validate_choice(multitask_strategy, MultitaskStrategy.values, "multitask_strategy")
     _validate_choice(if_not_exists, ("reject", "create"), "if_not_exists")
     if after_seconds is not None and (after_seconds < 0 or after_seconds > 86400 * 365):
@@ -91,7 +99,13 @@ def run_create(
                 detail="You must provide a thread_id when resuming.",
             )
         thread = _thread_in_scope(thread_id, pinned_resource_id)
-        return thread_resume(thread=thread, resume=command["resume"], actor=actor)
+        with transaction.atomic():
+            resumed = thread_resume(thread=thread, resume=command["resume"], actor=actor)
+            if webhook:
+                # Still uncommitted, so no worker can have finished it without the webhook.
+                Run.objects.filter(id=resumed.id).update(webhook=webhook)
+                resumed.webhook = webhook
+        return resumed
 
     errors = agent.input_errors(input)
     if errors:
@@ -150,6 +164,7 @@ def run_create(
             kwargs=kwargs,
             multitask_strategy=multitask_strategy,
             not_before=now + timedelta(seconds=after_seconds) if after_seconds else None,
+            webhook=webhook,
         )
         seq = _append_events(
             run.id,

@@ -43,6 +43,7 @@ from runs.services.core import (
     _Unset,
     logger,
 )
+from runs.services.notifications import _announce
 
 
 def _step_event(w: StepWrite) -> Event:
@@ -144,6 +145,7 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: JSONObject | None = Non
             _apply_cancel(run, action=outer_fence.cancel_action, actor=None)
             return "deleted" if outer_fence.cancel_action == CancelAction.ROLLBACK else run.status
         now = _now()
+        parked = []
         for plan in plans:
             fence = outer_fence if plan is plans[-1] else _fence(plan.lease, events=1)
             interrupts = []
@@ -179,8 +181,11 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: JSONObject | None = Non
                 [w["tool_call_id"] for w in plan.waiting],
             )
             _publish(run)
+            parked.append(run)
         if thread_id is not None:
             latest = values if values is not None else _latest_thread_values(thread_id)
             _refresh_thread(thread_id, values=latest)
+        for run in parked:  # after the thread's values: a run webhook's body carries them
+            _announce(run, RunStatus.SUSPENDED)
     metrics.SUSPENSIONS.inc(len(plans))
     return RunStatus.SUSPENDED
