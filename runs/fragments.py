@@ -310,7 +310,7 @@ class Fragments:
     def run_chat(self, page: selectors.RunPage) -> str:
         """The run's conversation (bounded to the newest turns; see chat.html)."""
         return self.render(
-            "chat.html", chat_scope="run", chat_owner=page.run, chat_values=page.state
+            "chat.html", chat_scope="run", chat_owner=page.run, chat_values=page.state, chat_limit=0
         )
 
     def run_push(self, page: selectors.RunPage, sent: RunPushState, *, with_io: bool) -> list[str]:

@@ -23,8 +23,8 @@ def tool_context(tc: Any, run: Any, compact: bool = False) -> dict[str, Any]:
 
 
 @register.filter
-def conversation(values: Any, limit: Any = None) -> Any:
-    """The state's messages as chat turns (the newest `limit`, by default CHAT_TURNS); None
-    without messages."""
-    turns = int(limit) if isinstance(limit, int) else review_context.CHAT_TURNS
+def conversation(values: Any, limit: int = 0) -> Any:
+    """The state's messages as chat turns (the newest `limit`, 0: CHAT_TURNS); None without
+    messages."""
+    turns = int(limit) or review_context.CHAT_TURNS
     return review_context.conversation(values, limit=turns)

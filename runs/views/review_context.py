@@ -21,7 +21,9 @@ def _chat(
 ) -> HttpResponse:
     context = {"chat_scope": scope, "chat_owner": owner, "chat_values": values}
     if request.htmx:
-        return render(request, "runs/_fragments/chat.html", {**context, "oob": False})
+        return render(
+            request, "runs/_fragments/chat.html", {**context, "chat_limit": 0, "oob": False}
+        )
     return render(
         request,
         "runs/chat_page.html",
