@@ -290,6 +290,7 @@ def test_the_run_page_shows_the_runs_conversation(reviewer: User, drain: Any) ->
     # input, lookup_order call, its result, the issue_refund call (waiting)
     assert roles == ["user", "assistant", "tool", "assistant"]
     assert "<code>issue_refund</code>" in chat
+    assert "{#" not in html and "{%" not in html  # no template source leaks into the page
     r = client.get(reverse("runs:run_chat", args=[run.id]), headers=HX)
     assert r.status_code == 200
     assert _turns(r.content.decode()) == _turns(chat)
