@@ -338,12 +338,13 @@ class Fragments:
             sent.children_key = children_key
         if with_io:
             parts.append(self.render("run_io.html", **ctx))
-        # The conversation is not re-sent while the run steps (it grows with every step):
-        # only once the run stops, suspended or ended, so a reviewer reads it as it is then.
+        # The conversation grows with every step and is never pushed: once the run stops
+        # (suspended or ended) the push asks the page to fetch it, so a reviewer reads it
+        # as it is then.
         if run.status != sent.extra.get("chat_status"):
             sent.extra["chat_status"] = run.status
             if run.status == RunStatus.SUSPENDED or run.is_terminal:
-                parts.append(self.run_chat(page))
+                parts.append(self.render("chat_reload.html", run_id=run.id))
         parts.append(self._checkpoints_push(page, sent, ctx))
 
         new_events = [e for e in page.events if e.seq > sent.seq]
