@@ -518,3 +518,35 @@ def test_a_langgraph_resume_approves_with_a_comment(api: Client, drain: Any) -> 
     drain()
     assert Run.objects.get(id=run.id).output["reviewer_comment"] == "go"
     assert Thread.objects.get(id=tid).values["output"]["reviewer_comment"] == "go"
+
+
+def test_langchain_messages_from_a_graph_read_as_chat_turns() -> None:
+    messages = pytest.importorskip("langchain_core.messages")
+    from runs.graphs.jsonable import to_json
+    from runs.selectors.review_context import conversation
+
+    values = to_json(
+        {
+            "messages": [
+                messages.SystemMessage("Be brief."),
+                messages.HumanMessage("Where is my parcel?"),
+                messages.AIMessage(
+                    "", tool_calls=[{"name": "track", "args": {"id": "P-1"}, "id": "t1"}]
+                ),
+                messages.ToolMessage('{"at": "depot"}', tool_call_id="t1"),
+                messages.AIMessage([{"type": "text", "text": "It is at the depot."}]),
+            ]
+        }
+    )
+    chat = conversation(values)
+    assert chat is not None
+    assert [t.role for t in chat.turns] == ["system", "user", "assistant", "tool", "assistant"]
+    assert chat.turns[1].text == "Where is my parcel?"
+    assert [(c.name, c.args, c.id) for c in chat.turns[2].tool_calls] == [
+        ("track", {"id": "P-1"}, "t1")
+    ]
+    assert chat.turns[3].tool_name == "track"  # from the call: the message names no tool
+    assert chat.turns[3].data == {"at": "depot"}
+    assert chat.turns[4].text == "It is at the depot."
+    assert conversation({"messages": "not a list"}) is None
+    assert conversation(None) is None
