@@ -290,16 +290,27 @@ class Fragments:
             return "\n".join(self.run_push(page, sent, with_io=with_io))
         ctx = self.run_context(page, forms)
         return "\n".join(
-            self.render(name, **ctx)
-            for name in (
-                "run_header.html",
-                "run_actions.html",
-                "run_children.html",
-                "checkpoints.html",
-                "run_io.html",
-                "tool_calls.html",
-                "timeline.html",
-            )
+            [
+                *(
+                    self.render(name, **ctx)
+                    for name in (
+                        "run_header.html",
+                        "run_actions.html",
+                        "run_children.html",
+                        "checkpoints.html",
+                        "run_io.html",
+                        "tool_calls.html",
+                        "timeline.html",
+                    )
+                ),
+                self.run_chat(page),
+            ]
+        )
+
+    def run_chat(self, page: selectors.RunPage) -> str:
+        """The run's conversation (bounded to the newest turns; see chat.html)."""
+        return self.render(
+            "chat.html", chat_scope="run", chat_owner=page.run, chat_values=page.state, chat_limit=0
         )
 
     def run_push(self, page: selectors.RunPage, sent: RunPushState, *, with_io: bool) -> list[str]:
@@ -327,6 +338,13 @@ class Fragments:
             sent.children_key = children_key
         if with_io:
             parts.append(self.render("run_io.html", **ctx))
+        # The conversation grows with every step and is never pushed: once the run stops
+        # (suspended or ended) the push asks the page to fetch it, so a reviewer reads it
+        # as it is then.
+        if run.status != sent.extra.get("chat_status"):
+            sent.extra["chat_status"] = run.status
+            if run.status == RunStatus.SUSPENDED or run.is_terminal:
+                parts.append(self.render("chat_reload.html", run_id=run.id))
         parts.append(self._checkpoints_push(page, sent, ctx))
 
         new_events = [e for e in page.events if e.seq > sent.seq]

@@ -270,6 +270,9 @@ class ToolCall(models.Model):
     decided_by = models.CharField(max_length=150, blank=True, default="")
     decided_at = models.DateTimeField(null=True, blank=True)
     decision_reason = models.TextField(blank=True, default="")
+    # A reviewer's optional note on an approval; the model sees it with the tool's result
+    # when the tool declares share_review_comment.
+    decision_comment = models.TextField(blank=True, default="")
     suspended_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

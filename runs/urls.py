@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import path
 
 from runs import views
-from runs.views import notifications
+from runs.views import notifications, review_context
 
 app_name = "runs"
 urlpatterns = [
@@ -15,12 +15,14 @@ urlpatterns = [
     path("runs/<uuid:run_id>/events/", views.run_events, name="run_events"),
     path("runs/<uuid:run_id>/deliveries/", notifications.run_deliveries, name="run_deliveries"),
     path("runs/<uuid:run_id>/state/", views.run_state, name="run_state"),
+    path("runs/<uuid:run_id>/conversation/", review_context.run_chat, name="run_chat"),
     path("runs/<uuid:run_id>/approve/", views.tool_call_approve, name="tool_call_approve"),
     path("runs/<uuid:run_id>/decline/", views.tool_call_decline, name="tool_call_decline"),
     path("runs/<uuid:run_id>/answer/", views.tool_call_answer, name="tool_call_answer"),
     path("runs/<uuid:run_id>/cancel/", views.run_cancel, name="run_cancel"),
     path("threads/<uuid:thread_id>/", views.thread_detail, name="thread_detail"),
     path("threads/<uuid:thread_id>/values/", views.thread_values, name="thread_values"),
+    path("threads/<uuid:thread_id>/conversation/", review_context.thread_chat, name="thread_chat"),
     path(
         "threads/<uuid:thread_id>/checkpoints/<uuid:checkpoint_id>/",
         views.thread_checkpoint_values,

@@ -31,6 +31,9 @@ def lookup_order(ctx: Any, order_id: str) -> dict[str, Any]:
 @tool(
     description="Refund an amount on an order. Needs a human's approval.",
     requires_approval=True,
+    # The reviewer's approval comment ("refund as goodwill, no return needed") reaches the
+    # model with the refund's result.
+    share_review_comment=True,
     parameters={
         "type": "object",
         "properties": {
@@ -57,9 +60,10 @@ def refund_script(state: ModelInput) -> ToolCalls | FinalAnswer:
         if refund_result.declined:
             return FinalAnswer(output={"refunded": False, "reason": refund_result.result["reason"]})
         r = refund_result.result
-        return FinalAnswer(
-            output={"refunded": True, "order_id": r["order_id"], "amount": r["amount"]}
-        )
+        output = {"refunded": True, "order_id": r["order_id"], "amount": r["amount"]}
+        if r.get("reviewer_comment"):
+            output["reviewer_comment"] = r["reviewer_comment"]
+        return FinalAnswer(output=output)
     if state.last_result("lookup_order") is None:
         return ToolCalls([ProposedCall("lookup_order", {"order_id": params["order_id"]})])
     return ToolCalls(

@@ -122,6 +122,7 @@ def _approve(caller: Caller, agent_id: str, payload: ApproveIn) -> Run:
         actor=caller.actor,
         tool_call_id=payload.tool_call_id,
         args=payload.args,
+        comment=payload.comment or "",
         pinned_resource_id=caller.pinned_resource_id,
     )
 
@@ -182,8 +183,12 @@ def _resume(caller: Caller, agent_id: str, payload: ResumeIn) -> Run:
             actor=caller.actor,
             tool_call_id=payload.tool_call_id,
             args=approval.args,
+            comment=approval.comment or "",
             pinned_resource_id=caller.pinned_resource_id,
         )
+    if approval.comment:
+        where = "comment" if payload.approved is not None else "resume_data.comment"
+        raise ValidationFailed.field(where, "only with an approval (a decline gives a reason)")
     return services.tool_call_decline(
         run=run,
         actor=caller.actor,

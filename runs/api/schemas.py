@@ -427,6 +427,7 @@ class ToolCallDetailOut(ToolCallOut):
     decided_by: str = ""
     decided_at: datetime | None = None
     decision_reason: str = ""
+    decision_comment: str = ""
     child_run_id: UUID | None = None
 
 
@@ -500,6 +501,8 @@ class ApproveIn(BodyIn):
     run_id: UUID
     tool_call_id: str | None = None
     args: dict[str, Any] | None = None
+    # Stored with the decision; the model sees it when the tool shares review comments.
+    comment: str | None = Field(None, max_length=10_000)
 
 
 class DeclineIn(BodyIn):
@@ -509,11 +512,13 @@ class DeclineIn(BodyIn):
 
 
 class Approval(Schema):
-    """Mastra's answer to an approval: `{"approved": bool, "args"?, "reason"?}`."""
+    """Mastra's answer to an approval: `{"approved": bool, "args"?, "reason"?, "comment"?}`
+    (`comment` only with an approval: a decline gives a reason)."""
 
     approved: bool
     args: dict[str, Any] | None = None
     reason: str | None = Field(None, max_length=10_000)
+    comment: str | None = Field(None, max_length=10_000)
 
 
 class ResumeIn(BodyIn):
@@ -526,10 +531,11 @@ class ResumeIn(BodyIn):
     approved: bool | None = None
     args: dict[str, Any] | None = None
     reason: str | None = Field(None, max_length=10_000)
+    comment: str | None = Field(None, max_length=10_000)
 
     def top_level_approval(self) -> Approval | None:
         if self.approved is None:
-            for name in ("args", "reason"):
+            for name in ("args", "reason", "comment"):
                 if getattr(self, name) is not None:
                     raise ValidationFailed.field(name, "only allowed with approved")
             return None
@@ -537,7 +543,9 @@ class ResumeIn(BodyIn):
             raise ValidationFailed.field(
                 "resume_data", "send either resume_data or approved, not both"
             )
-        return Approval(approved=self.approved, args=self.args, reason=self.reason)
+        return Approval(
+            approved=self.approved, args=self.args, reason=self.reason, comment=self.comment
+        )
 
     def approval_in_resume_data(self) -> Approval | None:
         """`resume_data` read as an approval, when it has a boolean `approved`."""

@@ -35,6 +35,9 @@ class Tool:
     requires_approval: ApprovalRule = False
     # Set on delegation tools: the id of the sub-agent this tool hands its input to.
     delegate_to: str | None = None
+    # The model gets a reviewer's approval comment with this tool's result
+    # ({"reviewer_comment": ...}); off by default, a comment may be meant for people only.
+    share_review_comment: bool = False
 
     def __post_init__(self) -> None:
         if hasattr(self.parameters, "model_json_schema"):  # a pydantic model class
@@ -64,6 +67,7 @@ def tool(
     description: str = "",
     parameters: Any = None,
     requires_approval: ApprovalRule = False,
+    share_review_comment: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]:
     """Decorator: `@tool(requires_approval=True) def issue_refund(ctx, order_id, amount): ...`."""
 
@@ -74,6 +78,7 @@ def tool(
             description=description or (fn.__doc__ or "").strip(),
             parameters=parameters if parameters is not None else {"type": "object"},
             requires_approval=requires_approval,
+            share_review_comment=share_review_comment,
         )
 
     return wrap

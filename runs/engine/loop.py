@@ -54,6 +54,19 @@ def _declined_result(tc: ToolCall) -> dict[str, Any]:
     return {"declined": True, "reason": tc.decision_reason or services.DEFAULT_DECLINE_TEXT}
 
 
+def _model_result(tc: ToolCall, agent: Agent) -> Any:
+    """A resolved call's result as the model sees it: the decline, or the tool's result with
+    the reviewer's approval comment when the tool shares it."""
+    if tc.status == ToolCallStatus.DECLINED:
+        return _declined_result(tc)
+    tool = agent.get_tool(tc.tool_name)
+    if not (tc.decision_comment and tool is not None and tool.share_review_comment):
+        return tc.result
+    if isinstance(tc.result, dict) and "reviewer_comment" not in tc.result:
+        return {**tc.result, "reviewer_comment": tc.decision_comment}
+    return {"result": tc.result, "reviewer_comment": tc.decision_comment}
+
+
 def _error_of(exc: BaseException) -> dict[str, str]:
     return {"error": type(exc).__name__, "message": str(exc)[:2000]}
 
@@ -120,7 +133,7 @@ class StepLoop:
                     tool_call_id=tc.tool_call_id,
                     name=tc.tool_name,
                     args=tc.args,
-                    result=_declined_result(tc) if declined else tc.result,
+                    result=_model_result(tc, self.agent),
                     declined=declined,
                     reason=tc.decision_reason if declined else "",
                 )
@@ -147,13 +160,12 @@ class StepLoop:
                 tool_messages = []
                 for tcid in checkpoint.pending:
                     tc = calls[tcid]
-                    declined = tc.status == ToolCallStatus.DECLINED
                     tool_messages.append(
                         {
                             "role": "tool",
                             "tool_call_id": tcid,
                             "name": tc.tool_name,
-                            "content": _declined_result(tc) if declined else tc.result,
+                            "content": _model_result(tc, self.agent),
                         }
                     )
                 values["messages"] = [*values.get("messages", []), *tool_messages]

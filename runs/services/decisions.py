@@ -99,18 +99,39 @@ def tool_call_approve(
     actor: Actor,
     tool_call_id: str | None = None,
     args: JSONObject | None = None,
+    comment: str = "",
     pinned_resource_id: str | None = None,
 ) -> Run:
-    """Approve a tool call awaiting approval, optionally with edited arguments."""
+    """Approve a tool call awaiting approval, optionally with edited arguments and a comment
+    (stored, audited, and shown to the model when the tool declares share_review_comment)."""
     _check_scope(run, pinned_resource_id, "Run")
+    comment = _checked_comment(comment, "comment")
     with transaction.atomic():
         locked = _lock_run(run.id)
         tc = _pick_tool_call(locked, tool_call_id, "approve")
         _ensure_waiting(tc, (ToolCallStatus.AWAITING_APPROVAL,), "approved")
         if args is not None:
             _validate_edited_args(locked, tc, args)
-        _decide(locked, tc, decision="approved", actor=actor, args=args)
+        _decide(locked, tc, decision="approved", actor=actor, args=args, comment=comment)
         return _after_decision(locked, actor)
+
+
+MAX_COMMENT = 10_000
+
+
+def _checked_comment(comment: object, field: str) -> str:
+    """A reviewer's comment, stripped; 422 naming `field` when it is not text or too long."""
+    if comment is None:
+        return ""
+    if not isinstance(comment, str):
+        raise ValidationFailed.field(field, "must be a string")
+    if len(comment) > MAX_COMMENT:
+        raise ValidationFailed.field(
+            field,
+            "too long",
+            detail=f"{field} is too long ({MAX_COMMENT} characters at most)",
+        )
+    return comment.strip()
 
 
 def tool_call_decline(
@@ -159,7 +180,8 @@ def tool_call_answer(
 def thread_resume(*, thread: Thread, resume: JSONValue, actor: Actor) -> Run:
     """LangGraph `command.resume`: decide the waiting tool calls of the thread's suspended run.
 
-    For an approval the value is {"approved": true[, "args": {...}]} or {"approved": false,
+    For an approval the value is {"approved": true[, "args": {...}][, "comment": "..."]} or
+    {"approved": false,
     "reason": "..."}; for a tool that asked for input it is the resume data. With several
     waiting calls, a map {tool_call_id: value}.
     """
@@ -196,11 +218,19 @@ def thread_resume(*, thread: Thread, resume: JSONValue, actor: Actor) -> Run:
                         detail=f"Tool call {tc.tool_call_id} needs an approval: resume with "
                         '{"approved": true} or {"approved": false, "reason": "..."}',
                     )
+                comment = _checked_comment(
+                    value.get("comment"), f"resume.{tc.tool_call_id}.comment"
+                )
                 if value["approved"]:
                     args = value.get("args")
                     if args is not None:
                         _validate_edited_args(run, tc, args)
-                    _decide(run, tc, decision="approved", actor=actor, args=args)
+                    _decide(run, tc, decision="approved", actor=actor, args=args, comment=comment)
+                elif comment:
+                    raise ValidationFailed.field(
+                        f"resume.{tc.tool_call_id}.comment",
+                        "only with an approval (a decline gives a reason)",
+                    )
                 else:
                     _decide(
                         run,
@@ -324,6 +354,7 @@ def _decide(
     actor: Actor,
     args: JSONObject | None = None,
     reason: str = "",
+    comment: str = "",
     resume_data: JSONValue = None,
     carry_down: bool = True,
     carried_from: Run | None = None,
@@ -341,6 +372,7 @@ def _decide(
     tc.decided_by = actor_name(actor)
     tc.decided_at = now
     tc.decision_reason = reason
+    tc.decision_comment = comment if decision == "approved" else ""
     if decision == "approved":
         tc.status = ToolCallStatus.APPROVED
         if args is not None and args != tc.args and tc.child_run_id is None:
@@ -363,6 +395,8 @@ def _decide(
         data["original_args"] = tc.original_args
     if reason:
         data["reason"] = reason
+    if tc.decision_comment:
+        data["comment"] = tc.decision_comment
     if decision == "answered":
         data["resume_data"] = resume_data
     if carried_from is not None:
@@ -375,11 +409,13 @@ def _decide(
         action={"approved": "approve", "declined": "decline", "answered": "answer"}[decision],
         run=run,
         tool_call_id=tc.tool_call_id,
-        reason=reason,
+        # An approval has no reason; its comment is what the reviewer wrote.
+        reason=reason or tc.decision_comment,
         before=before,
         after={
             "status": tc.status,
             "args": tc.args,
+            **({"comment": tc.decision_comment} if tc.decision_comment else {}),
             **({"resume_data": resume_data} if decision == "answered" else {}),
             **({"via": via} if via else {}),
         },
@@ -399,6 +435,7 @@ def _decide(
             actor=actor,
             args=args,
             reason=reason,
+            comment=comment,
             resume_data=resume_data,
         )
 
@@ -417,6 +454,7 @@ def _carry_down(
     actor: Actor,
     args: JSONObject | None,
     reason: str,
+    comment: str,
     resume_data: JSONValue,
 ) -> None:
     """A decision on a supervisor's delegation call decides the sub-agent's waiting calls."""
@@ -449,6 +487,7 @@ def _carry_down(
             actor=actor,
             args=args,
             reason=reason,
+            comment=comment,
             resume_data=resume_data,
             carried_from=parent,
         )

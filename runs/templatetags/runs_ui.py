@@ -274,6 +274,8 @@ def _event_summary(event: Any) -> str:
         text = f"{data.get('tool_name', '?')} {data.get('decision', '?')}"
         if data.get("reason"):
             text += f": {data['reason']}"
+        if data.get("comment"):
+            text += f" · “{data['comment']}”"
         return text
     if kind == "cancel_requested":
         return f"{data.get('action', 'cancel')} requested"

@@ -520,9 +520,11 @@ def decision_view(what: str) -> Callable[[DecisionView], View]:
 def tool_call_approve(
     request: HtmxHttpRequest, run_id: UUID, tc: ToolCall, origin: str
 ) -> HttpResponse:
-    """Approve, or (when the edit form is posted, `mode` set) edit the arguments and approve."""
+    """Approve, or (when the edit form is posted, `mode` set) edit the arguments and approve;
+    either with the reviewer's optional `comment`."""
     edit_form = None
     args = None
+    comment = request.POST.get("comment", "")
     if request.POST.get("mode"):
         edit_form = SchemaForm(
             request.POST, schema=tool_schema(tc.run, tc), initial_value=tc.args, auto_id=form_id(tc)
@@ -532,10 +534,10 @@ def tool_call_approve(
         args = edit_form.data_value()
     try:
         services.tool_call_approve(
-            run=tc.run, actor=request.user, tool_call_id=tc.tool_call_id, args=args
+            run=tc.run, actor=request.user, tool_call_id=tc.tool_call_id, args=args, comment=comment
         )
     except ValidationFailed as exc:
-        if edit_form is None:
+        if edit_form is None or _names_field(exc, "comment"):
             return _decision_error(request, run_id, exc, origin)
         edit_form.add_service_errors(exc, "args")
         return _form_errors(request, run_id, tc, bound_forms(tc.run, tc, edit=edit_form))
@@ -543,6 +545,10 @@ def tool_call_approve(
         return _decision_error(request, run_id, exc, origin)
     text = "Approved with edited arguments." if args is not None else "Approved."
     return _done(request, run_id, text, origin)
+
+
+def _names_field(exc: ValidationFailed, name: str) -> bool:
+    return any(e.get("field") == name for e in exc.errors)
 
 
 @decision_view("decline tool calls")
