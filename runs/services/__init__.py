@@ -7,7 +7,8 @@ notification never arrives before the row it talks about. Lock order and fencing
 
 `from runs import services; services.run_cancel(...)` is the way in; the modules are:
 threads, runs (create), queue (claim/heartbeat/reap/release), steps, finish, cancel,
-decisions, agent_inbox (a graph's Agent Inbox choices), access, and core (locks, events,
+decisions, agent_inbox (a graph's Agent Inbox choices), access, search (the runs' search
+documents), saved_views, and core (locks, events,
 audit, publishing).
 """
 
@@ -42,6 +43,8 @@ from runs.services.decisions import (
 from runs.services.finish import run_acknowledge_cancel, run_fail_attempt, run_finish
 from runs.services.queue import run_claim, run_heartbeat, run_release, run_set_deadline, runs_reap
 from runs.services.runs import run_create, run_create_child
+from runs.services.saved_views import saved_view_create, saved_view_delete, saved_view_rename
+from runs.services.search import search_refresh, search_refresh_thread
 from runs.services.steps import run_emit, run_save_steps, run_suspend, tool_call_update
 from runs.services.threads import (
     thread_create,
@@ -85,6 +88,11 @@ __all__ = [
     "run_suspend",
     "runs_cancel_many",
     "runs_reap",
+    "saved_view_create",
+    "saved_view_delete",
+    "saved_view_rename",
+    "search_refresh",
+    "search_refresh_thread",
     "thread_create",
     "thread_delete",
     "thread_resolve_suspended",
