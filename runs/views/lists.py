@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.paginator import Paginator
+from django.core.paginator import Page, Paginator
 from django.http import HttpRequest
 from django.utils.functional import cached_property
 
@@ -30,6 +30,12 @@ class ListPaginator(Paginator):
     @property
     def capped(self) -> bool:
         return self._counted[1]
+
+    def page(self, number: Any) -> Page:
+        # A capped count must not cut the page short: slice a full page whatever the count.
+        number = self.validate_number(number)
+        bottom = (number - 1) * self.per_page
+        return self._get_page(self.object_list[bottom : bottom + self.per_page], number, self)
 
 
 def sort_links(request: HttpRequest, current: str) -> dict[str, dict[str, Any]]:
