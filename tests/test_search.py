@@ -4,6 +4,7 @@ by the services; sorting in the URL. Both databases; the full-text specifics on 
 
 from __future__ import annotations
 
+import io
 import re
 from datetime import timedelta
 from typing import Any
@@ -16,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from runs import services
-from runs.engine import Agent, FinalAnswer, ProposedCall, ScriptedModel, ToolCalls, tool
+from runs.engine import Agent, ProposedCall, ScriptedModel, ToolCalls, tool
 from runs.models import Run, RunSearch, RunStatus
 
 pytestmark = pytest.mark.django_db
@@ -201,7 +202,9 @@ def test_it_rebuilds_every_document_with_the_reindex_command(client: Client) -> 
     run = echo({"bird": "kestrel"})
     RunSearch.objects.all().delete()
     assert listed(client.get(LIST, {"q": "kestrel"}).content.decode()) == set()
-    call_command("search_reindex", batch=1, stdout=open("/dev/null", "w"))
+    out = io.StringIO()
+    call_command("search_reindex", batch=1, stdout=out)
+    assert "rebuilt 1 search documents" in out.getvalue()
     assert listed(client.get(LIST, {"q": "kestrel"}).content.decode()) == {str(run.id)}
 
 

@@ -79,7 +79,9 @@ def _export_query(request: HtmxHttpRequest) -> search.RunListQuery | HttpRespons
     something else than asked for)."""
     form = RunFilterForm(request.GET)
     if not form.is_valid():
-        problems = "; ".join(f"{name}: {' '.join(map(str, errs))}" for name, errs in form.errors.items())
+        problems = "; ".join(
+            f"{name}: {' '.join(map(str, errs))}" for name, errs in form.errors.items()
+        )
         return HttpResponse(f"Bad runs-list parameter ({problems})", status=400)
     return form.list_query()
 
