@@ -35,7 +35,7 @@ class ListPaginator(Paginator):
         # A capped count must not cut the page short: slice a full page whatever the count.
         number = self.validate_number(number)
         bottom = (number - 1) * self.per_page
-        return self._get_page(self.object_list[bottom : bottom + self.per_page], number, self)
+        return Page(self.object_list[bottom : bottom + self.per_page], number, self)
 
 
 def sort_links(request: HttpRequest, current: str) -> dict[str, dict[str, Any]]:
