@@ -102,12 +102,14 @@ def test_it_lists_views_in_the_navigation_with_live_counts(support: Any) -> None
     menu = client.get(MENU, headers={"HX-Request": "true"})
     assert menu.status_code == 200
     counts = dict(
-        re.findall(r">([^<>]+)</a> <span class=\"count\" data-count=\"(\d+)\"", menu.text)
+        re.findall(r">([^<>]+)</a> <span class=\"view-count\" data-count=\"(\d+)\"", menu.text)
     )
     assert counts == {"Otters": "0", "Waiting": "0"}
     pending({"animal": "otter"})
     menu = client.get(MENU).text
-    counts = dict(re.findall(r">([^<>]+)</a> <span class=\"count\" data-count=\"(\d+)\"", menu))
+    counts = dict(
+        re.findall(r">([^<>]+)</a> <span class=\"view-count\" data-count=\"(\d+)\"", menu)
+    )
     assert counts == {"Otters": "1", "Waiting": "1"}
 
 
@@ -123,7 +125,7 @@ def test_it_counts_at_most_the_navigation_limit(
     # session, user, views (2 queries), groups, one COUNT per listed view
     with django_assert_max_num_queries(NAV_VIEWS + 6):
         menu = client.get(MENU).text
-    assert menu.count('class="count"') == NAV_VIEWS
+    assert menu.count('class="view-count"') == NAV_VIEWS
     assert "All saved views" in menu
 
 

@@ -97,35 +97,35 @@ def _sqlite_terms(q: str) -> tuple[list[str], list[str]]:
     return wanted, excluded
 
 
-def _text_match(q: str) -> Q:
+def _text_match(q: str, bounds: tuple[UUID, UUID] | None) -> Q:
     if connection.vendor == "postgresql":
         # A semi-join on the GIN index: the planner starts from the index for a rare word and
-        # from the list's own order (created index) for a common one.
-        return Q(
-            id__in=RawSQL(
-                "SELECT run_id FROM runs_runsearch"
-                " WHERE document_tsv @@ websearch_to_tsquery('simple', %s)",
-                [q],
-            )
+        # from the list's own order (created index) for a common one. An id prefix joins as a
+        # UNION inside the same subquery (an OR of two conditions would defeat both indexes).
+        sql = (
+            "SELECT run_id FROM runs_runsearch"
+            " WHERE document_tsv @@ websearch_to_tsquery('simple', %s)"
         )
+        params: list[Any] = [q]
+        if bounds is not None:
+            sql += " UNION SELECT id FROM runs_run WHERE id BETWEEN %s AND %s"
+            params += [bounds[0], bounds[1]]
+        return Q(id__in=RawSQL(sql, params))
     wanted, excluded = _sqlite_terms(q)
+    condition = Q(id__gte=bounds[0], id__lte=bounds[1]) if bounds is not None else Q(pk__in=[])
     if not wanted and not excluded:
-        return Q(pk__in=[])
+        return condition
     documents = RunSearch.objects.all()
     for term in wanted:
         documents = documents.filter(document__icontains=term)
     for term in excluded:
         documents = documents.exclude(document__icontains=term)
-    return Q(id__in=documents.values("run_id"))
+    return condition | Q(id__in=documents.values("run_id"))
 
 
 def search_runs(qs: QuerySet[Run], q: str) -> QuerySet[Run]:
     """`qs` narrowed to the runs whose document matches `q` (or whose id starts with it)."""
-    condition = _text_match(q)
-    bounds = id_prefix_bounds(q)
-    if bounds is not None:
-        condition |= Q(id__gte=bounds[0], id__lte=bounds[1])
-    return qs.filter(condition)
+    return qs.filter(_text_match(q, id_prefix_bounds(q)))
 
 
 Segments = list[tuple[str, bool]]  # (text, is a match): templates escape every piece
