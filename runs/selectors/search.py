@@ -110,7 +110,7 @@ def _text_match(q: str, bounds: tuple[UUID, UUID] | None) -> Q:
         if bounds is not None:
             sql += " UNION SELECT id FROM runs_run WHERE id BETWEEN %s AND %s"
             params += [bounds[0], bounds[1]]
-        return Q(id__in=RawSQL(sql, params))
+        return Q(id__in=RawSQL(sql, params))  # noqa: S611 - constant SQL, values as parameters
     wanted, excluded = _sqlite_terms(q)
     condition = Q(id__gte=bounds[0], id__lte=bounds[1]) if bounds is not None else Q(pk__in=[])
     if not wanted and not excluded:
