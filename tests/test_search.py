@@ -299,3 +299,32 @@ def test_it_reports_an_unknown_sort_on_the_page_and_refuses_it_for_a_fragment(
     fragment = client.get(LIST, {"sort": "colour"}, headers=HX)
     assert fragment.status_code == 400
     assert "unknown sort" in fragment.content.decode()
+
+
+# --- a search page stays live ----------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_search_page_updates_its_rows_live_but_inserts_no_new_ones(support: Any) -> None:
+    from tests.test_live import connect, db, receive_all_until
+
+    def shown_run() -> Run:
+        return services.run_create(
+            agent_id="echo", input={"bird": "puffin"}, after_seconds=3600, actor="t"
+        )
+
+    run = await db(shown_run)()
+    listing, ok = await connect("/ws/runs/?view=runs&q=puffin", support)
+    assert ok
+    try:
+        newcomer = await db(shown_run)()  # matches, but a search inserts nothing live
+        await db(services.run_cancel)(run=run, action="interrupt", actor="sam")
+        # Every push until the shown row's update; after it, nothing more comes.
+        pushed = await receive_all_until(listing, lambda t: f'id="run-row-{run.id}"' in t)
+        assert await listing.receive_nothing(timeout=0.6)
+        row = pushed[pushed.index(f'id="run-row-{run.id}"') :]
+        assert "interrupted" in row
+        assert "<mark>puffin</mark>" in row  # the pushed row keeps its highlight
+        assert f'id="run-row-{newcomer.id}"' not in pushed
+    finally:
+        await listing.disconnect()
