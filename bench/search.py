@@ -112,6 +112,7 @@ def explain(sql: str) -> str:
 
 def time_page(label: str, user: User, query: RunListQuery, repeat: int) -> dict[str, str]:
     page_ms: list[float] = []
+    parts: dict[str, list[float]] = {"count": [], "page": [], "headlines": [], "other": []}
     total = (0, False)
     sqls: dict[str, str] = {}
     for _ in range(repeat):
@@ -122,17 +123,27 @@ def time_page(label: str, user: User, query: RunListQuery, repeat: int) -> dict[
             total = listing.count()
             rows = listing.decorate(listing.queryset[:PAGE_SIZE])
             page_ms.append((time.perf_counter() - t0) * 1000)
-        for sql, _ms in timer.queries:
+        spent = dict.fromkeys(parts, 0.0)
+        for sql, ms in timer.queries:
             if "COUNT(" in sql:
                 sqls["count"] = sql
+                spent["count"] += ms
             elif "LIMIT" in sql and 'FROM "runs_run"' in sql:
                 sqls["page"] = sql
+                spent["page"] += ms
+            elif "ts_headline" in sql:
+                spent["headlines"] += ms
+            else:
+                spent["other"] += ms
+        for name, ms in spent.items():
+            parts[name].append(ms)
     marked = sum(1 for r in rows if getattr(r, "search_match", None))
     shown = f"{total[0]}{'+' if total[1] else ''}"
     print(
         f"  {label:<34} matches={shown:>6} rows={len(rows):>2} highlighted={marked:>2} | "
         f"page p50={pct(page_ms, 50):6.2f}ms p95={pct(page_ms, 95):6.2f}ms"
     )
+    print(" " * 37 + " · ".join(f"{name} p50={pct(ms, 50):.2f}ms" for name, ms in parts.items()))
     return {name: explain(sql) for name, sql in sqls.items()}
 
 
