@@ -328,3 +328,21 @@ async def test_a_search_page_updates_its_rows_live_but_inserts_no_new_ones(suppo
         assert f'id="run-row-{newcomer.id}"' not in pushed
     finally:
         await listing.disconnect()
+
+
+def test_bulk_cancel_of_every_matching_run_keeps_to_the_search(client: Client) -> None:
+    hits = [
+        services.run_create(agent_id="echo", input="narwhal", after_seconds=3600, actor="t")
+        for _ in range(2)
+    ]
+    miss = services.run_create(agent_id="echo", input="beluga", after_seconds=3600, actor="t")
+    body = {"q": "narwhal", "all_matching": "on", "action": "interrupt", "reason": ""}
+    preview = client.post(reverse("runs:runs_bulk_cancel"), {**body, "step": "preview"})
+    assert preview.status_code == 200
+    done = client.post(
+        reverse("runs:runs_bulk_cancel"), {**body, "step": "confirm", "expected": "2"}
+    )
+    assert done.status_code == 302
+    statuses = dict(Run.objects.values_list("id", "status"))
+    assert [statuses[r.id] for r in hits] == ["interrupted", "interrupted"]
+    assert statuses[miss.id] == "pending"

@@ -242,7 +242,12 @@ def runs_bulk_cancel(request: HtmxHttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _bulk_panel(request, context, status=422)
     data = form.cleaned_data
-    queryset = selectors.runs_filtered(filters_form.run_filters()) if data["all_matching"] else None
+    # "Every run matching" means what the list shows: its filters and its search.
+    queryset = (
+        runs_list(request.user, filters_form.list_query()).queryset.order_by()
+        if data["all_matching"]
+        else None
+    )
     run_ids = None if data["all_matching"] else data["run_ids"]
     preview = selectors.runs_cancel_preview(
         run_ids=run_ids, queryset=queryset, include_suspended=data["include_suspended"]
