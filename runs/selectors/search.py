@@ -142,8 +142,7 @@ def _segments(marked: str) -> Segments:
 def _snippet(document: str, q: str, width: int = 90) -> Segments:
     """SQLite: the document around its first match, each match marked."""
     wanted, _ = _sqlite_terms(q)
-    bounds = id_prefix_bounds(q)
-    if not wanted or (bounds is not None and len(wanted) == 1 and wanted[0] not in document):
+    if not wanted:
         return []
     pattern = re.compile("|".join(re.escape(t) for t in wanted), re.IGNORECASE)
     first = pattern.search(document)
