@@ -52,8 +52,9 @@ def test_support_finds_runs_by_a_word_and_sees_it_highlighted(
     row = page.locator(f"#run-row-{flamingo.id}")
     expect(row).to_be_visible()
     expect(row.locator("mark").first).to_have_text("flamingo")  # input and output both match
-    expect(row.locator("[data-match]")).to_contain_text("<b>")  # the input's tags, as text
+    expect(row.locator("[data-match]")).to_contain_text("at the depot")
     assert page.locator(f"#run-row-{other.id}").count() == 0
+    # The input's tags are never markup: text on SQLite, dropped by ts_headline on PostgreSQL.
     assert page.locator("#runs-rows b").count() == 0
     shot(page, "search-highlighted")
 
