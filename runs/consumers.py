@@ -35,6 +35,7 @@ from runs.live import RUNS_GROUP, run_group, thread_group
 from runs.live_lists import plan_rows, relevant_changes
 from runs.models import TERMINAL_STATUSES
 from runs.permissions import can_use_dashboard, permission_key
+from runs.selectors import search
 
 logger = logging.getLogger(__name__)
 
@@ -207,18 +208,17 @@ class RunsConsumer(_BatchingConsumer):
             form = InboxFilterForm(self.params)
             self.filters = form.run_filters()
             self.queryset = selectors.inbox(self.filters, oldest_first=form.oldest_first)
-            self.ordering = form.ordering
+            self.ordering: tuple[str, ...] | None = form.ordering
             self.page = form.page_number
             self.shown = self._page_ids()
         elif self.view == "runs":
             runs_form = RunFilterForm(self.params)
             self.filters = runs_form.run_filters()
-            self.queryset = (
-                selectors.runs_filtered(self.filters)
-                .order_by(*runs_form.ordering)
-                .prefetch_related(selectors.waiting_tool_calls_prefetch())
-            )
-            self.ordering = runs_form.ordering
+            # The page's own query (filters, search, sort). A search or a sort other than by
+            # creation updates the rows shown but inserts no new ones (no live_ordering).
+            self.run_list = search.runs_list(self.user, runs_form.list_query())
+            self.queryset = self.run_list.queryset
+            self.ordering = self.run_list.live_ordering
             self.page = runs_form.page_number
             self.shown = self._page_ids()
         else:
@@ -327,8 +327,10 @@ class RunsConsumer(_BatchingConsumer):
             shown=self.shown,
             watched=self.watched,
             matching=matching,
-            position=lambda run_id: selectors.run_list_position(
-                self.queryset, UUID(run_id), self.ordering
+            position=lambda run_id: (
+                selectors.run_list_position(self.queryset, UUID(run_id), self.ordering)
+                if self.ordering is not None
+                else None
             ),
             start=(self.page - 1) * PAGE_SIZE,
             page_size=PAGE_SIZE,
@@ -369,7 +371,7 @@ class RunsConsumer(_BatchingConsumer):
         if self.view == "inbox":
             runs = selectors.inbox_rows(ids)
         else:
-            runs = selectors.with_queue_holders(self.queryset.filter(id__in=ids))
+            runs = self.run_list.decorate(self.queryset.filter(id__in=ids))
         return {str(run.id): run for run in runs}
 
 

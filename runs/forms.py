@@ -13,11 +13,15 @@ from typing import Any
 from uuid import UUID
 
 from django import forms
+from django.contrib.auth.models import Group
+from django.http import QueryDict
 
 from runs.engine.registry import all_agents
 from runs.exceptions import ValidationFailed
+from runs.list_query import DEFAULT_SORT, MAX_QUERY_CHARS, check_sort
 from runs.models import CancelAction, RunStatus
 from runs.selectors import AuditFilters, RunFilters
+from runs.selectors.search import RunListQuery
 
 PAGE_SIZE = 50
 BULK_CONFIRM_ABOVE = 20  # more runs than this need the count typed to confirm
@@ -111,9 +115,23 @@ class RunFilterForm(_FilterForm):
         required=False, min_value=0, label="Pending longer than (min)"
     )
     subagents = forms.BooleanField(required=False, label="Include sub-agent runs")
+    q = forms.CharField(
+        required=False,
+        max_length=MAX_QUERY_CHARS,
+        label="Search",
+        help_text='words or "a phrase" in input, output, tool calls, errors, thread metadata; '
+        "or the start of a run id",
+    )
+    sort = forms.CharField(required=False, widget=forms.HiddenInput)
     page = forms.IntegerField(required=False, min_value=1)
 
     ordering = ("-created_at", "-id")
+
+    def clean_sort(self) -> str:
+        try:
+            return check_sort(self.cleaned_data.get("sort"))
+        except ValidationFailed as exc:
+            raise forms.ValidationError(exc.detail) from None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -133,6 +151,12 @@ class RunFilterForm(_FilterForm):
                 timedelta(minutes=d["pending_longer"]) if d.get("pending_longer") else None
             ),
             top_level_only=not d.get("subagents"),
+        )
+
+    def list_query(self) -> RunListQuery:
+        d = self.filters_kwargs()
+        return RunListQuery(
+            filters=self.run_filters(), q=d.get("q") or "", sort=d.get("sort") or DEFAULT_SORT
         )
 
     @property
@@ -400,3 +424,33 @@ class BulkCancelForm(forms.Form):
         if not self.needs_typed_confirmation(expected):
             return True
         return (self.cleaned_data.get("confirm_text") or "").strip() == str(expected)
+
+
+# --- saved views ----------------------------------------------------------------------------
+
+
+class SavedViewForm(forms.Form):
+    """Save the runs list's current query (its filters, search and sort) under a name."""
+
+    name = forms.CharField(max_length=100)
+    query = forms.CharField(required=False, max_length=2000)
+    shared_with_group = forms.ModelChoiceField(
+        queryset=Group.objects.none(), required=False, empty_label="only me"
+    )
+
+    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A view is shared only with a group its owner belongs to.
+        field = self.fields["shared_with_group"]
+        assert isinstance(field, forms.ModelChoiceField)
+        field.queryset = user.groups.order_by("name")
+
+    def clean_query(self) -> str:
+        # Each value is checked as the runs list reads it: a view never saves a broken filter.
+        query = self.cleaned_data.get("query") or ""
+        form = RunFilterForm(QueryDict(query))
+        if not form.is_valid():
+            raise forms.ValidationError(
+                "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items())
+            )
+        return query

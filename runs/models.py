@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
@@ -559,3 +560,39 @@ class Delivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event} of {self.run_id} to {self.target} ({self.status})"
+
+
+class RunSearch(models.Model):
+    """A run's search document: its input, output, error, tool calls' arguments and results,
+    and its thread's metadata as plain text, rewritten by the services that change any of them
+    (runs/services/search.py). On PostgreSQL migration 0007 adds a generated `document_tsv`
+    column (to_tsvector('simple', document)) with a GIN index; SQLite searches `document`."""
+
+    run = models.OneToOneField(Run, primary_key=True, on_delete=models.CASCADE, related_name="+")
+    document = models.TextField(blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"search document of {self.run_id}"
+
+
+class SavedView(models.Model):
+    """A named runs-list query (filters, search and sort, normalised), owned by one user and
+    optionally shared with the members of one group."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="saved_views"
+    )
+    name = models.CharField(max_length=100)
+    query = models.CharField(max_length=2000, blank=True, default="")
+    shared_with_group = models.ForeignKey(
+        "auth.Group", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints: ClassVar = [
+            models.UniqueConstraint(fields=["owner", "name"], name="unique_saved_view_name"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

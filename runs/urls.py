@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import path
 
 from runs import views
-from runs.views import notifications, review_context
+from runs.views import notifications, review_context, search
 
 app_name = "runs"
 urlpatterns = [
@@ -11,6 +11,14 @@ urlpatterns = [
     path("inbox/", views.inbox, name="inbox"),
     path("runs/", views.run_list, name="run_list"),
     path("runs/bulk-cancel/", views.runs_bulk_cancel, name="runs_bulk_cancel"),
+    path("runs/export.csv", search.runs_export_csv, name="runs_export_csv"),
+    path("runs/export.json", search.runs_export_json, name="runs_export_json"),
+    path("runs/<uuid:run_id>/history.json", search.run_history_json, name="run_history_json"),
+    path("views/", search.saved_views, name="saved_views"),
+    path("views/menu/", search.saved_views_menu, name="saved_views_menu"),
+    path("views/new/", search.saved_view_create, name="saved_view_create"),
+    path("views/<int:view_id>/rename/", search.saved_view_rename, name="saved_view_rename"),
+    path("views/<int:view_id>/delete/", search.saved_view_delete, name="saved_view_delete"),
     path("runs/<uuid:run_id>/", views.run_detail, name="run_detail"),
     path("runs/<uuid:run_id>/events/", views.run_events, name="run_events"),
     path("runs/<uuid:run_id>/deliveries/", notifications.run_deliveries, name="run_deliveries"),

@@ -32,6 +32,9 @@ DASHBOARD_POSTS = {
     "runs:run_cancel": "runs.cancel_run",
     "runs:runs_bulk_cancel": "runs.cancel_run",
 }
+# POSTs any signed-in user may make: they change only that user's own saved views (who may
+# change which view is tested in tests/test_saved_views.py).
+DASHBOARD_POSTS_OWN = {"runs:saved_view_create", "runs:saved_view_rename", "runs:saved_view_delete"}
 
 
 def all_routes() -> list[tuple[str, URLPattern]]:
@@ -59,7 +62,9 @@ def test_every_route_is_classified() -> None:
     names = {name for _, _, name in dashboard_routes()}
     assert all(name.startswith("runs:") for name in names), names
     posts = {name for route, pattern, name in dashboard_routes() if _is_post(pattern)}
-    assert posts == set(DASHBOARD_POSTS), "classify new POST routes in DASHBOARD_POSTS"
+    assert posts == set(DASHBOARD_POSTS) | DASHBOARD_POSTS_OWN, (
+        "classify new POST routes in DASHBOARD_POSTS or DASHBOARD_POSTS_OWN"
+    )
 
 
 def _is_post(pattern: URLPattern) -> bool:
@@ -71,7 +76,9 @@ def _is_post(pattern: URLPattern) -> bool:
 def _url(route: str, run: Run) -> str:
     return "/" + route.replace("<uuid:run_id>", str(run.id)).replace(
         "<uuid:thread_id>", str(run.thread_id)
-    ).replace("<uuid:checkpoint_id>", "01a22d0e-0000-7000-8000-000000000000")
+    ).replace("<uuid:checkpoint_id>", "01a22d0e-0000-7000-8000-000000000000").replace(
+        "<int:view_id>", "1"
+    )
 
 
 @pytest.fixture
@@ -136,6 +143,19 @@ def test_every_dashboard_post_needs_a_csrf_token(run: Run, reviewer, support, na
     assert response.status_code == 403
     assert Run.objects.get(id=run.id).status == RunStatus.SUSPENDED
     assert not AuditEntry.objects.exists()
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARD_POSTS_OWN))
+def test_every_own_view_post_needs_a_csrf_token(run: Run, support, name) -> None:
+    from runs.models import SavedView
+
+    view = services.saved_view_create(owner=support, name="mine", query="")
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(support)
+    url = reverse(name, args=[] if name == "runs:saved_view_create" else [view.id])
+    response = client.post(url, {"name": "other", "query": ""})
+    assert response.status_code == 403
+    assert list(SavedView.objects.values_list("name", flat=True)) == ["mine"]
 
 
 WS_PATHS = ["/ws/runs/", "/ws/runs/?view=inbox", "/ws/runs/{run}/", "/ws/threads/{thread}/"]

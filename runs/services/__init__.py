@@ -8,7 +8,8 @@ notification never arrives before the row it talks about. Lock order and fencing
 `from runs import services; services.run_cancel(...)` is the way in; the modules are:
 threads, runs (create), queue (claim/heartbeat/reap/release), steps, finish, cancel,
 decisions, agent_inbox (a graph's Agent Inbox choices), access, notifications (the webhook and
-e-mail outbox, written with each suspend/end), and core (locks, events,
+e-mail outbox, written with each suspend/end), search (the runs' search documents),
+saved_views, and core (locks, events,
 audit, publishing).
 """
 
@@ -49,6 +50,8 @@ from runs.services.notifications import (
 )
 from runs.services.queue import run_claim, run_heartbeat, run_release, run_set_deadline, runs_reap
 from runs.services.runs import run_create, run_create_child
+from runs.services.saved_views import saved_view_create, saved_view_delete, saved_view_rename
+from runs.services.search import search_refresh, search_refresh_thread
 from runs.services.steps import run_emit, run_save_steps, run_suspend, tool_call_update
 from runs.services.threads import (
     thread_create,
@@ -96,6 +99,11 @@ __all__ = [
     "runs_announce_stuck",
     "runs_cancel_many",
     "runs_reap",
+    "saved_view_create",
+    "saved_view_delete",
+    "saved_view_rename",
+    "search_refresh",
+    "search_refresh_thread",
     "thread_create",
     "thread_delete",
     "thread_resolve_suspended",

@@ -37,6 +37,7 @@ from runs.services.core import (
     _refresh_thread,
     logger,
 )
+from runs.services.search import search_refresh
 from runs.validation import schema_errors
 
 
@@ -384,6 +385,8 @@ def _decide(
         tc.status = ToolCallStatus.ANSWERED
         tc.resume_data = resume_data
     tc.save()
+    if tc.original_args is not None or resume_data is not None:
+        search_refresh(run_ids=[tc.run_id])  # edited arguments or an answer
     transaction.on_commit(lambda: _count_decision(decision, tc.suspended_at, now))
     data: JSONObject = {
         "tool_call_id": tc.tool_call_id,

@@ -42,6 +42,7 @@ from runs.services.core import (
     stateless_expiry,
 )
 from runs.services.notifications import _announce
+from runs.services.search import search_refresh
 from runs.services.steps import _step_event, _write_steps
 
 
@@ -93,6 +94,7 @@ def run_finish(
         )
         _write_steps(lease, steps)
         _insert_events(lease.run_id, fence.last_seq, all_events)
+        search_refresh(run_ids=[lease.run_id])
         if status != RunStatus.SUCCESS:
             _fail_children(lease.run_id, status)
         if lease.parent_run_id is None and lease.thread_id is not None:
@@ -201,6 +203,7 @@ def _finish_success_postgres(
             )
         if row[2]:
             _announce(lease.run_id, RunStatus.SUCCESS)
+        search_refresh(run_ids=[lease.run_id])
         _publish_fenced(lease, row[0], status=RunStatus.SUCCESS)
     return FenceResult(last_seq=row[0], cancel_action=row[1])
 
@@ -246,6 +249,7 @@ def _finish_locked(
     if error is not None:
         data["error"] = error
     run.last_seq = _append_events(run.id, [(kind, data, "system")])
+    search_refresh(run_ids=[run.id])
     duration = (now - run.started_at).total_seconds() if run.started_at else 0.0
     logger.info(
         "finish run=%s agent=%s attempt=%s status=%s duration=%.3fs",

@@ -34,6 +34,7 @@ from runs.services.core import (
     _validate_choice,
 )
 from runs.services.decisions import thread_resume
+from runs.services.search import search_refresh, search_refresh_thread
 from runs.services.threads import _thread_in_scope, thread_create
 from runs.webhooks import validate_url
 
@@ -177,6 +178,7 @@ def run_create(
             ],
         )
         run.last_seq = seq
+        search_refresh(run_ids=[run.id])
         if inflight and multitask_strategy in (
             MultitaskStrategy.INTERRUPT,
             MultitaskStrategy.ROLLBACK,
@@ -210,6 +212,7 @@ def _stamp_graph_metadata(thread: Thread, agent_id: str) -> None:
     if missing:
         thread.metadata = {**current, **missing}
         Thread.objects.filter(id=thread.id).update(metadata=thread.metadata)
+        search_refresh_thread(thread_id=thread.id)
 
 
 def run_create_child(
@@ -247,6 +250,7 @@ def run_create_child(
             )
             seq = _append_events(child.id, [("started", {"attempt": 1}, "system")])
             child.last_seq = seq
+            search_refresh(run_ids=[child.id])
         else:
             child = Run.objects.select_for_update(no_key=True).get(id=child_id)
             if child.status in TERMINAL_STATUSES:

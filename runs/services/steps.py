@@ -44,6 +44,7 @@ from runs.services.core import (
     logger,
 )
 from runs.services.notifications import _announce
+from runs.services.search import search_refresh
 
 
 def _step_event(w: StepWrite) -> Event:
@@ -83,6 +84,7 @@ def run_save_steps(
             ToolCall.objects.bulk_create(
                 ToolCall(run_id=lease.run_id, step=step, **tc) for tc in new_tool_calls
             )
+            search_refresh(run_ids=[lease.run_id])
         _insert_events(lease.run_id, fence.last_seq, all_events)
         _publish_fenced(lease, fence.last_seq)
     return fence
@@ -109,6 +111,8 @@ def tool_call_update(
         if result is not _UNSET:
             update["result"] = result
         ToolCall.objects.filter(id=tool_call.id).update(**update)
+        if result is not _UNSET:
+            search_refresh(run_ids=[lease.run_id])
         for key, value in update.items():
             setattr(tool_call, key, value)
         if event:

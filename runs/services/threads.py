@@ -25,6 +25,7 @@ from runs.services.core import (
     _notify_cancel_many,
     _now,
 )
+from runs.services.search import search_refresh_thread
 
 
 def thread_create(
@@ -86,6 +87,7 @@ def thread_update(*, thread: Thread, metadata: JSONObject) -> Thread:
             merged["resource_id"] = thread.metadata.get("resource_id", thread.resource_id)
         thread.metadata = merged
         thread.save(update_fields=["metadata", "updated_at"])
+        search_refresh_thread(thread_id=thread.id)
     return thread
 
 

@@ -59,6 +59,8 @@ from runs.fragments import (
 )
 from runs.models import RunStatus, ToolCall
 from runs.permissions import can_cancel, can_review
+from runs.selectors.search import run_id_jump, runs_list
+from runs.views.lists import ListPaginator, sort_links
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -184,17 +186,24 @@ def _filter_query(request: HtmxHttpRequest, drop: tuple[str, ...] = ()) -> str:
 @dashboard_view
 def run_list(request: HtmxHttpRequest) -> HttpResponse:
     form = RunFilterForm(request.GET)
-    runs = (
-        selectors.runs_filtered(form.run_filters())
-        .order_by(*form.ordering)
-        .prefetch_related(selectors.waiting_tool_calls_prefetch())
-    )
-    page = Paginator(runs, PAGE_SIZE).get_page(form.page_number)
-    page.object_list = selectors.with_queue_holders(page.object_list)
+    query = form.list_query()
+    if query.q and not request.htmx:
+        # A run id, or the start of one that names a single run: straight to it.
+        jump = run_id_jump(request.user, query.q)
+        if jump is not None:
+            return redirect("runs:run_detail", run_id=jump)
+    listing = runs_list(request.user, query)
+    paginator = ListPaginator(listing, PAGE_SIZE)
+    page = paginator.get_page(form.page_number)
+    page.object_list = listing.decorate(page.object_list)
     context = {
         "form": form,
         "page": page,
         "total": page.paginator.count,
+        "total_capped": paginator.capped,
+        "search_q": listing.query.q,
+        "sort": listing.query.sort,
+        "sort_links": sort_links(request, listing.query.sort),
         "filter_query": _filter_query(request, drop=("page",)),
         "filter_items": [
             (k, v) for k, values in request.GET.lists() for v in values if k != "page"
@@ -204,12 +213,16 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
         "oob": bool(request.htmx),
     }
     if request.htmx:
+        if "sort" in form.errors:
+            # A fragment is never a list in another order than the one asked for.
+            return HttpResponse(form.errors["sort"][0], status=400)
         return _list_regions(request, "runs/_fragments/runs_list.html", context)
     return render(
         request,
         "runs/run_list.html",
         {
             **context,
+            "saved_view_groups": request.user.groups.order_by("name"),
             "live_url": _live_url(
                 "/ws/runs/", request, view="runs", at=time.time(), page=page.number
             ),
@@ -229,7 +242,12 @@ def runs_bulk_cancel(request: HtmxHttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _bulk_panel(request, context, status=422)
     data = form.cleaned_data
-    queryset = selectors.runs_filtered(filters_form.run_filters()) if data["all_matching"] else None
+    # "Every run matching" means what the list shows: its filters and its search.
+    queryset = (
+        runs_list(request.user, filters_form.list_query()).queryset.order_by()
+        if data["all_matching"]
+        else None
+    )
     run_ids = None if data["all_matching"] else data["run_ids"]
     preview = selectors.runs_cancel_preview(
         run_ids=run_ids, queryset=queryset, include_suspended=data["include_suspended"]

@@ -1,0 +1,114 @@
+"""The runs' search documents, kept in step with what they are made of.
+
+A run's document (models.RunSearch) is plain text: its input, output and error, the arguments,
+answers and results of its tool calls, and its thread's metadata. Every service that changes
+one of those calls `search_refresh` inside its own transaction, so a committed change is
+searchable at once and a rolled-back one never is; a run's rollback deletes its document with
+it (cascade). `manage.py search_reindex` rebuilds every document (after the migration that
+added them, or a change of what a document holds).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any
+from uuid import UUID
+
+from runs.models import Run, RunSearch, ToolCall
+
+# PostgreSQL's tsvector holds at most 1 MB: a document is cut well below that (a run's huge
+# output is still found by its first 100,000 characters).
+MAX_DOCUMENT_CHARS = 100_000
+# NUL cannot be stored in PostgreSQL text; \x02 and \x03 mark matches in highlights
+# (selectors/search.py), so no document may contain them.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _words(value: Any) -> Iterator[str]:
+    """The text of a JSON value: keys and scalar values, in order."""
+    if value is None:
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key)
+            yield from _words(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _words(item)
+    elif isinstance(value, bool):
+        yield "true" if value else "false"
+    else:
+        yield str(value)
+
+
+def _section(label: str, value: Any) -> str:
+    text = " ".join(_words(value))
+    return f"{label}: {text}" if text else ""
+
+
+def search_document(
+    *,
+    input: Any,
+    output: Any,
+    error: Any,
+    thread_metadata: Any,
+    tool_calls: Iterable[tuple[str, Any, Any, Any]],
+) -> str:
+    """The document of one run; `tool_calls` are (tool_name, args, resume_data, result)."""
+    parts = [_section("input", input), _section("output", output), _section("error", error)]
+    for name, args, resume_data, result in tool_calls:
+        parts.append(_section(f"tool {name}", args))
+        parts.append(_section(f"answer {name}", resume_data))
+        parts.append(_section(f"result {name}", result))
+    parts.append(_section("thread", thread_metadata))
+    document = "\n".join(p for p in parts if p)
+    return _CONTROL.sub(" ", document)[:MAX_DOCUMENT_CHARS]
+
+
+def search_refresh(*, run_ids: Iterable[UUID]) -> int:
+    """Rewrite the documents of these runs from the database (call inside the transaction
+    that changed them). Runs that no longer exist are skipped. Returns how many were written."""
+    ids = list(dict.fromkeys(run_ids))
+    if not ids:
+        return 0
+    calls: dict[UUID, list[tuple[str, Any, Any, Any]]] = {}
+    for run_id, name, args, resume_data, result in (
+        ToolCall.objects.filter(run_id__in=ids)
+        .order_by("step", "created_at", "id")
+        .values_list("run_id", "tool_name", "args", "resume_data", "result")
+    ):
+        calls.setdefault(run_id, []).append((name, args, resume_data, result))
+    rows = Run.objects.filter(id__in=ids).values_list(
+        "id", "input", "output", "error", "thread__metadata"
+    )
+    documents = [
+        RunSearch(
+            run_id=run_id,
+            document=search_document(
+                input=input,
+                output=output,
+                error=error,
+                thread_metadata=metadata,
+                tool_calls=calls.get(run_id, ()),
+            ),
+        )
+        for run_id, input, output, error, metadata in rows
+    ]
+    RunSearch.objects.bulk_create(
+        documents, update_conflicts=True, unique_fields=["run"], update_fields=["document"]
+    )
+    return len(documents)
+
+
+def search_refresh_thread(*, thread_id: UUID) -> int:
+    """A thread's metadata changed: rewrite the documents of all its runs."""
+    run_ids = Run.objects.filter(thread_id=thread_id).values_list("id", flat=True)
+    written = 0
+    batch: list[UUID] = []
+    for run_id in run_ids.iterator(chunk_size=500):
+        batch.append(run_id)
+        if len(batch) == 500:
+            written += search_refresh(run_ids=batch)
+            batch = []
+    return written + search_refresh(run_ids=batch)
