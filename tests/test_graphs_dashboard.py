@@ -308,7 +308,9 @@ def test_a_pushed_card_is_the_same_card(reviewer: User, drain: Any) -> None:
 
     run = suspended(drain, description="**bold**")
     pushed = "\n".join(
-        Fragments(reviewer).run_push(selectors.run_page(run.id, user=reviewer), _fresh(), with_io=True)
+        Fragments(reviewer).run_push(
+            selectors.run_page(run.id, user=reviewer), _fresh(), with_io=True
+        )
     )
     assert "<strong>bold</strong>" in pushed
     assert buttons(pushed) == ["accept", "edit", "respond", "ignore"]

@@ -432,7 +432,9 @@ def _card_response(
         page = selectors.run_page(run_id, user=request.user)
     except NotFound:
         body = fragments.run_deleted(run_id, 2**31 - 1)
-        return HttpResponse(body + fragments.flash("This run no longer exists.", "error"), 404)
+        return HttpResponse(
+            body + fragments.flash("This run no longer exists.", "error"), status=404
+        )
     if origin == "inbox" and status < 400:
         run = selectors.inbox_rows([run_id], user=request.user)
         body = fragments.inbox_row(run[0], decided=True) if run else ""
