@@ -22,6 +22,7 @@ from django.test import Client
 from django.urls import reverse
 
 from runs import selectors, services, urls
+from runs.exceptions import ValidationFailed
 from runs.models import (
     AuditEntry,
     Checkpoint,
@@ -599,3 +600,20 @@ async def test_sockets_share_a_render_only_with_the_same_scope(cast, drain) -> N
     finally:
         for communicator in sockets.values():
             await communicator.disconnect()
+
+
+def test_staff_scope_set_binds_rebinds_and_unbinds(world, cast) -> None:
+    alice = cast["alice"]
+    assert selectors.scope_for(alice).key == ("acme",)
+    assert services.staff_scope_set(user=alice, resource_ids=["globex", "acme", "globex"]) == [
+        "acme",
+        "globex",
+    ]
+    assert selectors.scope_for(alice).key == ("acme", "globex")  # the cached scope was dropped
+    assert signed_in(alice).get(reverse("runs:inbox")).context["total"] == 4
+    services.staff_scope_set(user=alice, resource_ids=[])
+    assert selectors.scope_for(alice) is selectors.UNSCOPED
+    assert signed_in(alice).get(reverse("runs:inbox")).context["total"] == 6
+    with pytest.raises(ValidationFailed):
+        services.staff_scope_set(user=alice, resource_ids=["acme", " "])
+    assert not StaffScope.objects.filter(user=alice).exists()  # nothing changed

@@ -7,8 +7,8 @@ notification never arrives before the row it talks about. Lock order and fencing
 
 `from runs import services; services.run_cancel(...)` is the way in; the modules are:
 threads, runs (create), queue (claim/heartbeat/reap/release), steps, finish, cancel,
-decisions, agent_inbox (a graph's Agent Inbox choices), access, and core (locks, events,
-audit, publishing).
+decisions, agent_inbox (a graph's Agent Inbox choices), access, tenants (staff bound to
+resources), and core (locks, events, audit, publishing).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from runs.services.finish import run_acknowledge_cancel, run_fail_attempt, run_f
 from runs.services.queue import run_claim, run_heartbeat, run_release, run_set_deadline, runs_reap
 from runs.services.runs import run_create, run_create_child
 from runs.services.steps import run_emit, run_save_steps, run_suspend, tool_call_update
+from runs.services.tenants import staff_scope_set
 from runs.services.threads import (
     thread_create,
     thread_delete,
@@ -85,6 +86,7 @@ __all__ = [
     "run_suspend",
     "runs_cancel_many",
     "runs_reap",
+    "staff_scope_set",
     "thread_create",
     "thread_delete",
     "thread_resolve_suspended",
