@@ -46,7 +46,8 @@ run: $(VENV)/.installed
 	RUNS_GRAPHS=$${RUNS_GRAPHS:-runs/graphs/demo.json} $(PY) manage.py seed_demo
 	@echo ""
 	@echo "  Runsite is up at http://$(HOST):$(PORT)/   (API docs: http://$(HOST):$(PORT)/api/docs)"
-	@echo "  Logins: admin/admin (staff), reviewer/reviewer (Reviewers), support/support (Support)"
+	@echo "  Logins: admin/admin (staff), reviewer/reviewer (Reviewers), support/support (Support),"
+	@echo "          acme-support/acme-support (Reviewers + Support, sees only resource acme)"
 	@echo "  !! RUNS_API_AUTH=off: the JSON API accepts requests without an API key (demo only) !!"
 	@echo ""
 	@echo "  The Agent Inbox app on http://localhost:3000 may call the API (RUNS_CORS_ALLOWED_ORIGINS)"

@@ -9,6 +9,8 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
@@ -24,9 +26,11 @@ from runs.models import (
     NotificationRule,
     Run,
     RunEvent,
+    StaffScope,
     Thread,
     ToolCall,
 )
+from runs.permissions import can_see_admin
 from runs.webhooks import WebhookRefused, check_url
 
 
@@ -351,3 +355,40 @@ class DeliveryAdmin(ReadOnlyAdmin):
     )
     payload_pretty = json_display("payload")
     log_pretty = json_display("log")
+
+
+# --- Tenant scope ------------------------------------------------------------------------------
+
+
+class StaffScopeInline(admin.TabularInline):
+    """The resources a dashboard user is bound to; none = unbound (sees every run)."""
+
+    model = StaffScope
+    extra = 1
+    fields = ("resource_id",)
+    verbose_name = "resource this user is bound to"
+    verbose_name_plural = (
+        "Tenant scope: resources this user sees (none = every run; runs without a resource "
+        "are shown to unbound users only; a bound user cannot use this admin)"
+    )
+
+
+User = get_user_model()
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class ScopedUserAdmin(UserAdmin):
+    inlines = [*UserAdmin.inlines, StaffScopeInline]
+
+
+_staff_has_permission = admin.site.has_permission
+
+
+def _unbound_staff_only(request: HttpRequest) -> bool:
+    # The admin lists every run, thread, tool call and audit entry unscoped: a user bound to
+    # resources is refused the whole site (its login page says so) rather than shown them.
+    return _staff_has_permission(request) and can_see_admin(request.user)
+
+
+admin.site.has_permission = _unbound_staff_only  # type: ignore[method-assign]

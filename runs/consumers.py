@@ -5,7 +5,11 @@ thread page on `thread.<id>`; `RunConsumer` serves one run page on `run.<id>` (w
 its sub-agent runs). Both authenticate the session in `connect` (the origin is checked by
 `AllowedHostsOriginValidator` in runsite/asgi.py), read the database only through
 `database_sync_to_async`, and push the same fragments the views render (runs/fragments.py),
-rendered for the connected user's permissions.
+rendered for the connected user's permissions and tenant scope: a user bound to resources
+hears only the changes of runs of those resources (the message names the run's resource), and
+every read of a render goes through the scoped selectors, so no row or count of another tenant
+reaches the socket. Renders are shared only between sockets with the same `permission_key`,
+which includes the scope.
 
 `run.changed` messages arrive for every committed change. A consumer collects them for a short
 while and renders once per batch, so a run stepping ten times a second costs a few renders, not
@@ -76,14 +80,14 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
             return
         self.params = QueryDict(self.scope.get("query_string", b"").decode("latin-1"))
         try:
-            groups = await database_sync_to_async(self.prepare)()
+            groups = await database_sync_to_async(self._prepare)()
         except (ValueError, NotFound):
             await self.close()
             return
         # One subscription per process (runs/hub.py), not a channel-layer group per socket.
         self.hub = hub()
         for group in groups:
-            self.hub.listen(group, self.queue)
+            self.hub.listen(group, self.hear)
             self.groups_joined.append(group)
         await self.hub.start()
         await self.accept()
@@ -98,7 +102,18 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         if self._flush_task is not None:
             self._flush_task.cancel()
         for group in getattr(self, "groups_joined", []):
-            self.hub.unlisten(group, self.queue)
+            self.hub.unlisten(group, self.hear)
+
+    def _prepare(self) -> list[str]:
+        # Read once, here in a thread; cached on the user for every later render.
+        self.visibility = selectors.scope_for(self.user)
+        return self.prepare()
+
+    def hear(self, event: dict[str, Any]) -> None:
+        """A published change: dropped unread when its run belongs to a tenant this user is
+        not bound to (nothing rendered, nothing counted, not even a row deletion)."""
+        if self.visibility.allows(event.get("resource_id")):
+            self.queue(event)
 
     def queue(self, event: dict[str, Any]) -> None:
         """Keep the latest message per run, and every status the run went through meanwhile
@@ -197,6 +212,9 @@ class RunsConsumer(_BatchingConsumer):
         if thread_id is not None:
             self.view = "thread"
             self.thread_id = thread_id
+            if self.visibility.bound:
+                # Another tenant's thread is refused like a missing one (NotFound: closed).
+                selectors.visible_thread(self.user, thread_id)
             # A busy run writes a checkpoint per step: the thread page follows once a second.
             self.batch_seconds = 1.0
             return [thread_group(thread_id)]
@@ -207,7 +225,9 @@ class RunsConsumer(_BatchingConsumer):
         elif self.view == "inbox":
             form = InboxFilterForm(self.params)
             self.filters = form.run_filters()
-            self.queryset = selectors.inbox(self.filters, oldest_first=form.oldest_first)
+            self.queryset = selectors.inbox(
+                self.filters, user=self.user, oldest_first=form.oldest_first
+            )
             self.ordering: tuple[str, ...] | None = form.ordering
             self.page = form.page_number
             self.shown = self._page_ids()
@@ -246,7 +266,7 @@ class RunsConsumer(_BatchingConsumer):
         if self.view not in ("inbox", "runs"):
             return []
         moment = datetime.fromtimestamp(since - 1.0, tz=UTC)  # a second of clock slack
-        runs = selectors.runs_filtered(selectors.RunFilters(top_level_only=False))
+        runs = selectors.runs_filtered(selectors.RunFilters(top_level_only=False), user=self.user)
         rows = runs.filter(updated_at__gte=moment).values_list(
             "id", "status", "last_seq", "parent_run_id"
         )[:200]
@@ -288,10 +308,10 @@ class RunsConsumer(_BatchingConsumer):
 
     def render(self, changes: list[dict[str, Any]]) -> str:
         if self.view == "overview":
-            return self.fragments.overview_regions(selectors.dashboard_overview())
+            return self.fragments.overview_regions(selectors.dashboard_overview(user=self.user))
         if self.view == "thread":
             try:
-                page = selectors.thread_page(UUID(str(self.thread_id)))
+                page = selectors.thread_page(UUID(str(self.thread_id)), user=self.user)
             except NotFound:
                 return self.fragments.flash("This thread was deleted.", "warning")
             return self._unsent(self.fragments.thread_region_list(page))
@@ -359,7 +379,7 @@ class RunsConsumer(_BatchingConsumer):
             )
             parts.append(
                 self.fragments.nav_inbox_count(
-                    total if inbox and not _has_filters(self.filters) else _inbox_count()
+                    total if inbox and not _has_filters(self.filters) else _inbox_count(self.user)
                 )
             )
         return "\n".join(p for p in parts if p)
@@ -369,7 +389,7 @@ class RunsConsumer(_BatchingConsumer):
             return {}
         ids = [UUID(r) for r in run_ids]
         if self.view == "inbox":
-            runs = selectors.inbox_rows(ids)
+            runs = selectors.inbox_rows(ids, user=self.user)
         else:
             runs = self.run_list.decorate(self.queryset.filter(id__in=ids))
         return {str(run.id): run for run in runs}
@@ -379,8 +399,8 @@ def _has_filters(filters: selectors.RunFilters) -> bool:
     return filters != selectors.RunFilters()
 
 
-def _inbox_count() -> int:
-    return selectors.inbox(selectors.RunFilters()).count()
+def _inbox_count(user: Any) -> int:
+    return selectors.inbox(selectors.RunFilters(), user=user).count()
 
 
 class RunConsumer(_BatchingConsumer):
@@ -394,6 +414,9 @@ class RunConsumer(_BatchingConsumer):
         self.user.get_all_permissions()
         self.fragments = Fragments(self.user)
         self.run_id = self.scope["url_route"]["kwargs"]["run_id"]
+        if self.visibility.bound:
+            # Another tenant's run is refused like a missing one (NotFound: closed).
+            selectors.visible_run(self.user, self.run_id)
         try:
             seq = max(0, int(self.params.get("seq", "0")))
         except ValueError:
@@ -413,7 +436,7 @@ class RunConsumer(_BatchingConsumer):
         if deleted is not None:
             return self.fragments.run_deleted(self.run_id, int(deleted.get("seq") or 0))
         try:
-            page = selectors.run_page(UUID(str(self.run_id)))
+            page = selectors.run_page(UUID(str(self.run_id)), user=self.user)
         except NotFound:
             return self.fragments.run_deleted(self.run_id, 2**31 - 1)
         others = len(mine) < len(changes)  # a sub-agent run changed

@@ -50,6 +50,7 @@ class Lease:
     thread_id: UUID | None = None
     agent_id: str = ""
     parent_run_id: UUID | None = None
+    resource_id: str | None = None  # carried by published changes (tenant-scoped sockets)
 
 
 @dataclass

@@ -41,6 +41,9 @@ class RunChange:
     seq: int
     parent_run_id: str | None = None
     kind: str = "changed"
+    # The run's tenant: a socket of a user bound to other resources drops the message unread
+    # (runs/consumers.py). None = no resource, heard by unbound staff only.
+    resource_id: str | None = None
 
     def message(self) -> dict[str, Any]:
         return {"type": "run.changed", **asdict(self), "published_at": time.time()}

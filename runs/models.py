@@ -388,6 +388,26 @@ class ApiKey(models.Model):
         return self.revoked_at is None
 
 
+class StaffScope(models.Model):
+    """Binds a dashboard user to one resource. A user with no rows is unbound and sees every
+    run; a user with rows sees only the threads, runs and tool calls of those resources
+    (runs/selectors/scope.py), the way an ApiKey's `resource_id` pins an API caller."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="staff_scopes"
+    )
+    resource_id = models.CharField(max_length=255)
+
+    class Meta:
+        verbose_name = "resource scope"
+        constraints = [
+            models.UniqueConstraint(fields=["user", "resource_id"], name="staff_scope_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} → {self.resource_id}"
+
+
 class GraphCheckpoint(models.Model):
     """A LangGraph checkpoint of a registered graph's thread (runs/graphs/checkpointer.py).
 

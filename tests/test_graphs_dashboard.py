@@ -308,11 +308,13 @@ def test_a_pushed_card_is_the_same_card(reviewer: User, drain: Any) -> None:
 
     run = suspended(drain, description="**bold**")
     pushed = "\n".join(
-        Fragments(reviewer).run_push(selectors.run_page(run.id), _fresh(), with_io=True)
+        Fragments(reviewer).run_push(
+            selectors.run_page(run.id, user=reviewer), _fresh(), with_io=True
+        )
     )
     assert "<strong>bold</strong>" in pushed
     assert buttons(pushed) == ["accept", "edit", "respond", "ignore"]
-    row = Fragments(reviewer).inbox_row(selectors.inbox_rows([run.id])[0])
+    row = Fragments(reviewer).inbox_row(selectors.inbox_rows([run.id], user=reviewer)[0])
     assert "<strong>bold</strong>" in row
     assert buttons(row) == ["accept", "respond", "ignore"]
 

@@ -355,7 +355,7 @@ def test_a_run_push_carries_only_new_events_and_changed_cards(support, drain) ->
 
     run = services.run_create(agent_id="slow", input={"steps": 30, "delay_ms": 0}, actor="t")
     drain()
-    page = selectors.run_page(run.id)
+    page = selectors.run_page(run.id, user=support)
     fragments = Fragments(support)
     sent = RunPushState(seq=page.run.last_seq - 40, checkpoint_step=page.checkpoints[1].step)
     frames = fragments.run_push(page, sent, with_io=False)
@@ -386,7 +386,7 @@ def test_a_run_push_after_more_events_than_the_window_makes_the_page_refetch(
 
     run = services.run_create(agent_id="slow", input={"steps": 60, "delay_ms": 0}, actor="t")
     drain()
-    page = selectors.run_page(run.id)  # the newest 100 events
+    page = selectors.run_page(run.id, user=support)  # the newest 100 events
     frames = Fragments(support).run_push(page, RunPushState(seq=1), with_io=False)
     first_after = int(re.search(r'data-after-seq="(\d+)"', frames[1]).group(1))
     # Past what the page shows (seq 1): the browser sees a gap and re-fetches its regions.

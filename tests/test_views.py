@@ -741,8 +741,8 @@ def test_tool_arguments_are_escaped_on_every_page_and_in_pushed_fragments(
     fragments = Fragments(reviewer)
     from runs import selectors
 
-    pages.append(fragments.inbox_row(selectors.inbox_rows([run.id])[0]))
-    pages.append(fragments.run_regions(selectors.run_page(run.id), timeline_after=0))
+    pages.append(fragments.inbox_row(selectors.inbox_rows([run.id], user=reviewer)[0]))
+    pages.append(fragments.run_regions(selectors.run_page(run.id, user=reviewer), timeline_after=0))
     for html in pages:
         assert "<script>alert" not in html
         assert "<img src=x" not in html

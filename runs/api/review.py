@@ -146,9 +146,9 @@ def _awaits_approval(caller: Caller, run: Run, tool_call_id: str | None) -> bool
     Only picks the service to call: the service checks the call's status again under its lock.
     """
     if tool_call_id is not None:
-        return selectors.tool_call_get(run.id, tool_call_id).status == (
-            ToolCallStatus.AWAITING_APPROVAL
-        )
+        # `run` was read through the key's pin already: no dashboard scope applies here.
+        tc = selectors.tool_call_get(run.id, tool_call_id, user=selectors.UNSCOPED)
+        return tc.status == (ToolCallStatus.AWAITING_APPROVAL)
     detail = selectors.run_detail(run.id, pinned_resource_id=caller.pinned_resource_id)
     waiting = [tc for tc in detail.tool_calls if tc.status in PENDING_DECISION_STATUSES]
     return len(waiting) == 1 and waiting[0].status == ToolCallStatus.AWAITING_APPROVAL

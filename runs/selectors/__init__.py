@@ -31,6 +31,21 @@ from runs.models import (
     ToolCall,
 )
 
+# The tenant scope (runs/selectors/scope.py), re-exported: `selectors.visible_runs(user)`.
+from runs.selectors.scope import (
+    NOTHING,  # noqa: F401 (re-exported)
+    UNSCOPED,  # noqa: F401 (re-exported)
+    Scope,  # noqa: F401 (re-exported)
+    scope_for,
+    visible_audit_entries,
+    visible_events,
+    visible_run,  # noqa: F401 (re-exported)
+    visible_runs,
+    visible_thread,
+    visible_threads,  # noqa: F401 (re-exported)
+    visible_tool_calls,
+)
+
 MAX_PAGE_SIZE = 1000
 
 
@@ -443,8 +458,10 @@ def stuck_condition(now: datetime | None = None, minutes: int | None = None) -> 
     )
 
 
-def runs_filtered(filters: RunFilters) -> QuerySet[Run]:
-    qs = Run.objects.all()
+def runs_filtered(filters: RunFilters, *, user: Any) -> QuerySet[Run]:
+    """The base of every dashboard run list (runs, inbox, overview, bulk cancel, live pushes):
+    the runs `user` may see (`scope_for`) that match `filters`."""
+    qs = visible_runs(user)
     if filters.top_level_only:
         qs = qs.filter(parent_run__isnull=True)
     if filters.status:
@@ -484,18 +501,20 @@ def runs_filtered(filters: RunFilters) -> QuerySet[Run]:
     return qs
 
 
-def inbox(filters: RunFilters, *, oldest_first: bool = False) -> QuerySet[Run]:
+def inbox(filters: RunFilters, *, user: Any, oldest_first: bool = False) -> QuerySet[Run]:
     """Suspended runs for reviewers (every agent), with their waiting tool calls."""
-    qs = runs_filtered(filters).filter(status=RunStatus.SUSPENDED)
+    qs = runs_filtered(filters, user=user).filter(status=RunStatus.SUSPENDED)
     order = ("suspended_at", "id") if oldest_first else ("-suspended_at", "-id")
     return qs.order_by(*order).prefetch_related(waiting_tool_calls_prefetch())
 
 
-def status_counts() -> dict[str, int]:
+def status_counts(*, user: Any) -> dict[str, int]:
     from django.db.models import Count
 
     counts = {s: 0 for s in RunStatus.values}
-    for row in Run.objects.filter(parent_run__isnull=True).values("status").annotate(n=Count("id")):
+    for row in (
+        visible_runs(user).filter(parent_run__isnull=True).values("status").annotate(n=Count("id"))
+    ):
         counts[row["status"]] = row["n"]
     return counts
 
@@ -537,7 +556,9 @@ class Overview:
     hourly: list[HourBucket]
 
 
-def runs_ended_per_hour(*, hours: int = 24, now: datetime | None = None) -> list[HourBucket]:
+def runs_ended_per_hour(
+    *, user: Any, hours: int = 24, now: datetime | None = None
+) -> list[HourBucket]:
     """Top-level runs that ended in each of the last `hours` hours, oldest hour first."""
     from django.db.models import Count
     from django.db.models.functions import TruncHour
@@ -549,9 +570,8 @@ def runs_ended_per_hour(*, hours: int = 24, now: datetime | None = None) -> list
     hours_list = [start + timedelta(hours=i) for i in range(hours)]
     buckets = {hour: HourBucket(hour=hour) for hour in hours_list}
     rows = (
-        Run.objects.filter(
-            parent_run__isnull=True, finished_at__gte=start, status__in=TERMINAL_STATUSES
-        )
+        visible_runs(user)
+        .filter(parent_run__isnull=True, finished_at__gte=start, status__in=TERMINAL_STATUSES)
         .annotate(hour=TruncHour("finished_at"))
         .values("hour", "status")
         .annotate(n=Count("id"))
@@ -570,25 +590,28 @@ def runs_ended_per_hour(*, hours: int = 24, now: datetime | None = None) -> list
     return list(buckets.values())
 
 
-def activity_feed(*, limit: int = 15) -> list[RunEvent]:
-    """The latest notable events across all runs, newest first, each with its run."""
+def activity_feed(*, user: Any, limit: int = 15) -> list[RunEvent]:
+    """The latest notable events across the runs `user` sees, newest first, each with its run."""
     return list(
-        RunEvent.objects.filter(kind__in=ACTIVITY_KINDS)
+        visible_events(user)
+        .filter(kind__in=ACTIVITY_KINDS)
         .select_related("run")
         .order_by("-created_at", "-id")[:limit]
     )
 
 
-def dashboard_overview(*, limit: int = 8) -> Overview:
-    """Everything the overview page shows: counts, oldest waits, stuck runs, activity, chart."""
-    stuck = runs_filtered(RunFilters(stuck=True)).order_by("created_at", "id")
+def dashboard_overview(*, user: Any, limit: int = 8) -> Overview:
+    """Everything the overview page shows, over the runs `user` sees: counts, oldest waits,
+    stuck runs, activity, chart. (/metrics is the operators' global view.)"""
+    scope = scope_for(user)
+    stuck = runs_filtered(RunFilters(stuck=True), user=scope).order_by("created_at", "id")
     return Overview(
-        counts=status_counts(),
-        suspended_longest=list(inbox(RunFilters(), oldest_first=True)[:limit]),
+        counts=status_counts(user=scope),
+        suspended_longest=list(inbox(RunFilters(), user=scope, oldest_first=True)[:limit]),
         stuck=list(stuck[:limit]),
         stuck_total=stuck.count(),
-        activity=activity_feed(),
-        hourly=runs_ended_per_hour(),
+        activity=activity_feed(user=scope),
+        hourly=runs_ended_per_hour(user=scope),
     )
 
 
@@ -618,10 +641,12 @@ def run_list_position(
     return queryset.filter(before).count()
 
 
-def inbox_rows(run_ids: list[UUID]) -> list[Run]:
+def inbox_rows(run_ids: list[UUID], *, user: Any) -> list[Run]:
     """Runs as the inbox shows them, decided or not: waiting calls plus every tool call."""
     return list(
-        Run.objects.filter(id__in=run_ids).prefetch_related(
+        visible_runs(user)
+        .filter(id__in=run_ids)
+        .prefetch_related(
             waiting_tool_calls_prefetch(),
             Prefetch("tool_calls", queryset=ToolCall.objects.order_by("created_at", "id")),
         )
@@ -645,13 +670,16 @@ class RunPage:
 def run_page(
     run_id: UUID,
     *,
+    user: Any,
     events_limit: int = 100,
     events_before: int | None = None,
     tool_calls_limit: int = 50,
     checkpoints_limit: int = 20,
 ) -> RunPage:
     """One run with everything its dashboard page shows, bounded for long runs."""
-    run = Run.objects.select_related("thread", "parent_run").filter(id=run_id).first()
+    # Another tenant's run is "not found", like a missing one. Its sub-agent runs and the
+    # supervisor's call share its resource (run_create_child copies it).
+    run = visible_runs(user).select_related("thread", "parent_run").filter(id=run_id).first()
     if run is None:
         raise NotFound(f"Run {run_id} not found", code="run_not_found")
     with_queue_holders([run])
@@ -695,10 +723,12 @@ def run_page(
     )
 
 
-def tool_call_get(run_id: UUID, tool_call_id: str) -> ToolCall:
-    """One tool call of a run, with its run."""
+def tool_call_get(run_id: UUID, tool_call_id: str, *, user: Any) -> ToolCall:
+    """One tool call of a run `user` sees, with its run (the API passes UNSCOPED: its key's
+    pin has already been applied to the run)."""
     tc = (
-        ToolCall.objects.select_related("run")
+        visible_tool_calls(user)
+        .select_related("run")
         .filter(run_id=run_id, tool_call_id=tool_call_id)
         .first()
     )
@@ -717,10 +747,10 @@ class ThreadPage:
     checkpoints: list[Checkpoint]
 
 
-def thread_page(thread_id: UUID, *, limit: int = 50) -> ThreadPage:
-    """A thread with its top-level runs (newest first) and its checkpoint history."""
-    thread = thread_get(thread_id)
-    runs = Run.objects.filter(thread_id=thread.id, parent_run__isnull=True)
+def thread_page(thread_id: UUID, *, user: Any, limit: int = 50) -> ThreadPage:
+    """A thread `user` sees with its top-level runs (newest first) and its checkpoint history."""
+    thread = visible_thread(user, thread_id)
+    runs = visible_runs(user).filter(thread_id=thread.id, parent_run__isnull=True)
     return ThreadPage(
         thread=thread,
         runs=with_queue_holders(
@@ -735,6 +765,7 @@ def thread_page(thread_id: UUID, *, limit: int = 50) -> ThreadPage:
 
 def runs_cancel_preview(
     *,
+    user: Any,
     run_ids: list[UUID] | None = None,
     queryset: QuerySet[Run] | None = None,
     include_suspended: bool = True,
@@ -747,6 +778,8 @@ def runs_cancel_preview(
     from django.db.models import Count
 
     qs = queryset if queryset is not None else Run.objects.filter(id__in=list(run_ids or []))
+    # The count a person confirms is the count of runs they may cancel, whatever was posted.
+    qs = qs.filter(scope_for(user).q())
     counts: dict[str, int] = {s: 0 for s in ACTIVE_STATUSES}
     rows = (
         qs.filter(parent_run__isnull=True, status__in=ACTIVE_STATUSES)
@@ -772,11 +805,9 @@ class AuditFilters:
     created_to: datetime | None = None
 
 
-def audit_entries(filters: AuditFilters) -> QuerySet[Any]:
-    """Audit entries matching `filters`, newest first."""
-    from runs.models import AuditEntry
-
-    qs = AuditEntry.objects.all()
+def audit_entries(filters: AuditFilters, *, user: Any) -> QuerySet[Any]:
+    """Audit entries of the resources `user` sees matching `filters`, newest first."""
+    qs = visible_audit_entries(user)
     if filters.actor:
         qs = qs.filter(actor=filters.actor)
     if filters.action:

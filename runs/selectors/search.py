@@ -1,8 +1,8 @@
 """The runs list as support staff use it: search, sort, saved views, export, a run's history.
 
-Every query here starts from `visible_runs(user, filters)`: the one place that decides which
-runs a user may see. Scoping staff to resources changes that function, and search, sorting,
-exports, saved-view counts and the id jump follow.
+Every query here starts from `matching_runs(user, filters)`, that is `runs_filtered(filters,
+user=…)`: the one place that decides which runs a user may see (tenant scope, runs/selectors/
+scope.py), so search, sorting, exports, saved-view counts and the id jump follow it.
 
 Search (`q`) looks in each run's search document (models.RunSearch: input, output, error, tool
 calls' arguments, answers and results, thread metadata, kept in step by runs/services/search.py):
@@ -45,9 +45,9 @@ _START, _STOP = "\x02", "\x03"
 _HEX_PREFIX = re.compile(r"^[0-9a-fA-F-]+$")
 
 
-def visible_runs(user: Any, filters: RunFilters | None = None) -> QuerySet[Run]:
+def matching_runs(user: Any, filters: RunFilters | None = None) -> QuerySet[Run]:
     """The runs `user` may see, filtered: the single entry point of every read in this module."""
-    return runs_filtered(filters if filters is not None else RunFilters())
+    return runs_filtered(filters if filters is not None else RunFilters(), user=user)
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def run_id_jump(user: Any, q: str) -> UUID | None:
     if bounds is None:
         return None
     found = list(
-        visible_runs(user, RunFilters(top_level_only=False))
+        matching_runs(user, RunFilters(top_level_only=False))
         .filter(id__gte=bounds[0], id__lte=bounds[1])
         .values_list("id", flat=True)[:2]
     )
@@ -246,7 +246,7 @@ class RunList:
 def runs_list(user: Any, query: RunListQuery) -> RunList:
     sort = check_sort(query.sort)
     q = check_query(query.q)
-    qs = visible_runs(user, query.filters)
+    qs = matching_runs(user, query.filters)
     if q:
         qs = search_runs(qs, q)
     order = _order(sort)
@@ -277,7 +277,7 @@ class RunHistory:
 
 def run_history(user: Any, run_id: UUID, chunk_size: int = 500) -> RunHistory:
     """A run with all of its tool calls, checkpoints and events, each streamed in order."""
-    run = visible_runs(user, RunFilters(top_level_only=False)).filter(id=run_id).first()
+    run = matching_runs(user, RunFilters(top_level_only=False)).filter(id=run_id).first()
     if run is None:
         raise NotFound(f"Run {run_id} not found", code="run_not_found")
     return RunHistory(

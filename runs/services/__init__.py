@@ -9,8 +9,7 @@ notification never arrives before the row it talks about. Lock order and fencing
 threads, runs (create), queue (claim/heartbeat/reap/release), steps, finish, cancel,
 decisions, agent_inbox (a graph's Agent Inbox choices), access, notifications (the webhook and
 e-mail outbox, written with each suspend/end), search (the runs' search documents),
-saved_views, and core (locks, events,
-audit, publishing).
+saved_views, tenants (staff bound to resources), and core (locks, events, audit, publishing).
 """
 
 from __future__ import annotations
@@ -53,6 +52,7 @@ from runs.services.runs import run_create, run_create_child
 from runs.services.saved_views import saved_view_create, saved_view_delete, saved_view_rename
 from runs.services.search import search_refresh, search_refresh_thread
 from runs.services.steps import run_emit, run_save_steps, run_suspend, tool_call_update
+from runs.services.tenants import staff_scope_set
 from runs.services.threads import (
     thread_create,
     thread_delete,
@@ -104,6 +104,7 @@ __all__ = [
     "saved_view_rename",
     "search_refresh",
     "search_refresh_thread",
+    "staff_scope_set",
     "thread_create",
     "thread_delete",
     "thread_resolve_suspended",

@@ -126,6 +126,7 @@ def _publish(run: Run, *, status: str | None = None, seq: int | None = None) -> 
             status=status or run.status,
             seq=seq if seq is not None else run.last_seq,
             parent_run_id=str(run.parent_run_id) if run.parent_run_id else None,
+            resource_id=run.resource_id,
         )
     )
 
@@ -366,7 +367,9 @@ def _complete_lease(lease: Lease) -> Lease:
     if lease.agent_id:
         return lease
     row = (
-        Run.objects.filter(id=lease.run_id).values("thread_id", "agent_id", "parent_run_id").first()
+        Run.objects.filter(id=lease.run_id)
+        .values("thread_id", "agent_id", "parent_run_id", "resource_id")
+        .first()
     )
     if row is None:
         raise LeaseLost(f"run {lease.run_id} no longer exists")
@@ -377,6 +380,7 @@ def _complete_lease(lease: Lease) -> Lease:
         row["thread_id"],
         row["agent_id"],
         row["parent_run_id"],
+        row["resource_id"],
     )
 
 
@@ -389,6 +393,7 @@ def _publish_fenced(lease: Lease, seq: int, status: str = RunStatus.RUNNING) -> 
             status=status,
             seq=seq,
             parent_run_id=str(lease.parent_run_id) if lease.parent_run_id else None,
+            resource_id=lease.resource_id,
         )
     )
 

@@ -135,7 +135,13 @@ def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
         for run in runs:
             _publish(run)
             lease = Lease(
-                run.id, owner, run.attempt, run.thread_id, run.agent_id, run.parent_run_id
+                run.id,
+                owner,
+                run.attempt,
+                run.thread_id,
+                run.agent_id,
+                run.parent_run_id,
+                run.resource_id,
             )
             claimed.append(ClaimedRun(run=run, lease=lease))
         metrics.CLAIMS.inc(len(claimed))

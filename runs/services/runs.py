@@ -255,7 +255,13 @@ def run_create_child(
             child = Run.objects.select_for_update(no_key=True).get(id=child_id)
             if child.status in TERMINAL_STATUSES:
                 return Lease(
-                    child.id, child.lease_owner or "", child.attempt, None, agent_id, parent.id
+                    child.id,
+                    child.lease_owner or "",
+                    child.attempt,
+                    None,
+                    agent_id,
+                    parent.id,
+                    parent.resource_id,
                 )
             child.status = RunStatus.RUNNING
             child.attempt += 1
@@ -268,4 +274,6 @@ def run_create_child(
                 child.id, [("started", {"attempt": child.attempt}, "system")]
             )
         _publish(child)
-    return Lease(child.id, lease.owner, child.attempt, None, agent_id, lease.run_id)
+    return Lease(
+        child.id, lease.owner, child.attempt, None, agent_id, lease.run_id, lease.resource_id
+    )

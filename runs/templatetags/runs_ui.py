@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.utils.html import conditional_escape, format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
+from runs import permissions
 from runs.services.agent_inbox import agent_inbox_request, allowed_choices
 
 register = template.Library()
@@ -237,8 +238,22 @@ def nav_inbox_count(context: template.Context) -> dict[str, Any]:
 
     count = context.get("inbox_count")
     if count is None:
-        count = selectors.inbox(selectors.RunFilters()).count()
+        count = selectors.inbox(selectors.RunFilters(), user=context.get("user")).count()
     return {"inbox_count": count, "oob": False}
+
+
+@register.filter
+def can_see_admin(user: Any) -> bool:
+    return permissions.can_see_admin(user)
+
+
+@register.filter
+def scope_label(user: Any) -> str:
+    """The resources a bound user sees ("acme, globex"); "" for unbound staff."""
+    from runs import selectors
+
+    key = selectors.scope_for(user).key
+    return "" if key is None else ", ".join(key)
 
 
 @register.filter

@@ -112,7 +112,7 @@ def _live_url(path: str, request: HtmxHttpRequest | None = None, **params: Any) 
 @require_GET
 @dashboard_view
 def overview(request: HtmxHttpRequest) -> HttpResponse:
-    data = selectors.dashboard_overview()
+    data = selectors.dashboard_overview(user=request.user)
     fragments = Fragments(request.user, request)
     if request.htmx:
         return HttpResponse(fragments.overview_regions(data))
@@ -138,7 +138,7 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
 @dashboard_view
 def inbox(request: HtmxHttpRequest) -> HttpResponse:
     form = InboxFilterForm(request.GET)
-    runs = selectors.inbox(form.run_filters(), oldest_first=form.oldest_first)
+    runs = selectors.inbox(form.run_filters(), user=request.user, oldest_first=form.oldest_first)
     page = Paginator(runs, PAGE_SIZE).get_page(form.page_number)
     context = {
         "form": form,
@@ -166,7 +166,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
 def _list_regions(request: HtmxHttpRequest, template: str, context: dict[str, Any]) -> HttpResponse:
     """A list re-fetch: the list region, and the inbox count of the navigation."""
     fragments = Fragments(request.user, request)
-    count = selectors.inbox(selectors.RunFilters()).count()
+    count = selectors.inbox(selectors.RunFilters(), user=request.user).count()
     return HttpResponse(fragments.render(template, **context) + fragments.nav_inbox_count(count))
 
 
@@ -246,11 +246,14 @@ def runs_bulk_cancel(request: HtmxHttpRequest) -> HttpResponse:
     queryset = (
         runs_list(request.user, filters_form.list_query()).queryset.order_by()
         if data["all_matching"]
-        else None
+        else selectors.visible_runs(request.user)
     )
     run_ids = None if data["all_matching"] else data["run_ids"]
     preview = selectors.runs_cancel_preview(
-        run_ids=run_ids, queryset=queryset, include_suspended=data["include_suspended"]
+        user=request.user,
+        run_ids=run_ids,
+        queryset=queryset if data["all_matching"] else None,
+        include_suspended=data["include_suspended"],
     )
     context["preview"] = preview
     context["needs_typed"] = form.needs_typed_confirmation(preview["total"])
@@ -329,9 +332,9 @@ def _bulk_summary(action: str, result: services.BulkCancelResult) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _run_page(run_id: UUID, **kwargs: Any) -> selectors.RunPage:
+def _run_page(request: HtmxHttpRequest, run_id: UUID, **kwargs: Any) -> selectors.RunPage:
     try:
-        return selectors.run_page(run_id, **kwargs)
+        return selectors.run_page(run_id, user=request.user, **kwargs)
     except NotFound:
         raise Http404("Run not found (it may have been rolled back)") from None
 
@@ -342,11 +345,11 @@ def run_detail(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
     fragments = Fragments(request.user, request)
     if request.htmx:
         try:
-            page = selectors.run_page(run_id)
+            page = selectors.run_page(run_id, user=request.user)
         except NotFound:
             return HttpResponse(fragments.run_deleted(run_id, 2**31 - 1))
         return HttpResponse(fragments.run_regions(page))
-    page = _run_page(run_id)
+    page = _run_page(request, run_id)
     return render(
         request,
         "runs/run_detail.html",
@@ -371,7 +374,7 @@ def run_events(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
         before = int(request.GET.get("before", ""))
     except ValueError:
         before = None
-    page = _run_page(run_id, events_before=before)
+    page = _run_page(request, run_id, events_before=before)
     context = {"run": page.run, "events": page.events, "oob": False}
     if not request.htmx:
         # Without JavaScript "load older" is a link: a page of the older events.
@@ -391,7 +394,7 @@ def _json_value(request: HtmxHttpRequest, title: str, back: str, value: Any) -> 
 @dashboard_view
 def run_state(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
     """The run's current state (its latest checkpoint's values)."""
-    run = _get_run(run_id)
+    run = _get_run(request, run_id)
     checkpoint = selectors.latest_checkpoint(run_id=run.id)
     value = checkpoint.values if checkpoint is not None else None
     return _json_value(request, "Current state", reverse("runs:run_detail", args=[run.id]), value)
@@ -400,7 +403,7 @@ def run_state(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
 @require_GET
 @dashboard_view
 def thread_values(request: HtmxHttpRequest, thread_id: UUID) -> HttpResponse:
-    thread = _get_thread(thread_id)
+    thread = _get_thread(request, thread_id)
     back = reverse("runs:thread_detail", args=[thread.id])
     return _json_value(request, "Current values", back, thread.values)
 
@@ -410,7 +413,7 @@ def thread_values(request: HtmxHttpRequest, thread_id: UUID) -> HttpResponse:
 def thread_checkpoint_values(
     request: HtmxHttpRequest, thread_id: UUID, checkpoint_id: UUID
 ) -> HttpResponse:
-    thread = _get_thread(thread_id)
+    thread = _get_thread(request, thread_id)
     try:
         checkpoint = selectors.thread_checkpoint(thread, checkpoint_id)
     except NotFound:
@@ -419,9 +422,9 @@ def thread_checkpoint_values(
     return _json_value(request, f"Checkpoint {checkpoint.id}", back, checkpoint.values)
 
 
-def _get_thread(thread_id: UUID) -> Any:
+def _get_thread(request: HtmxHttpRequest, thread_id: UUID) -> Any:
     try:
-        return selectors.thread_get(thread_id)
+        return selectors.visible_thread(request.user, thread_id)
     except NotFound:
         raise Http404("Thread not found") from None
 
@@ -438,12 +441,14 @@ def _card_response(
     """What a decision answers with: the run page's regions or the inbox row, plus a flash."""
     fragments = Fragments(request.user, request)
     try:
-        page = selectors.run_page(run_id)
+        page = selectors.run_page(run_id, user=request.user)
     except NotFound:
         body = fragments.run_deleted(run_id, 2**31 - 1)
-        return HttpResponse(body + fragments.flash("This run no longer exists.", "error"), 404)
+        return HttpResponse(
+            body + fragments.flash("This run no longer exists.", "error"), status=404
+        )
     if origin == "inbox" and status < 400:
-        run = selectors.inbox_rows([run_id])
+        run = selectors.inbox_rows([run_id], user=request.user)
         body = fragments.inbox_row(run[0], decided=True) if run else ""
     else:
         body = fragments.run_regions(page, forms=forms)
@@ -467,7 +472,7 @@ def _decision_error(
     if origin == "inbox":
         # Re-render the row as it is now (decided by someone else, or gone).
         fragments = Fragments(request.user, request)
-        rows = selectors.inbox_rows([run_id])
+        rows = selectors.inbox_rows([run_id], user=request.user)
         body = fragments.inbox_row(rows[0]) if rows else fragments.row_delete(f"inbox-row-{run_id}")
         return HttpResponse(body + fragments.flash(text, level), status=exc.status_code)
     return _card_response(request, run_id, status=exc.status_code, flash=(text, level))
@@ -480,7 +485,9 @@ def _already_decided(request: HtmxHttpRequest, run_id: UUID) -> str:
     call itself says who decided it.
     """
     try:
-        tc = selectors.tool_call_get(run_id, request.POST.get("tool_call_id", ""))
+        tc = selectors.tool_call_get(
+            run_id, request.POST.get("tool_call_id", ""), user=request.user
+        )
     except NotFound:
         return ""
     if not tc.decided_by:
@@ -499,7 +506,9 @@ def _done(request: HtmxHttpRequest, run_id: UUID, text: str, origin: str) -> Htt
 
 def _tool_call(request: HtmxHttpRequest, run_id: UUID) -> ToolCall | None:
     try:
-        return selectors.tool_call_get(run_id, request.POST.get("tool_call_id", ""))
+        return selectors.tool_call_get(
+            run_id, request.POST.get("tool_call_id", ""), user=request.user
+        )
     except NotFound:
         return None
 
@@ -665,9 +674,9 @@ def _origin(request: HtmxHttpRequest) -> str:
     return "inbox" if request.POST.get("origin") == "inbox" else "run"
 
 
-def _get_run(run_id: UUID) -> Any:
+def _get_run(request: HtmxHttpRequest, run_id: UUID) -> Any:
     try:
-        return selectors.run_get(run_id)
+        return selectors.visible_run(request.user, run_id)
     except NotFound:
         raise Http404("Run not found (it may have been rolled back)") from None
 
@@ -677,7 +686,7 @@ def _form_errors(
 ) -> HttpResponse:
     """422 with the tool call's card showing the submitted form and its errors."""
     fragments = Fragments(request.user, request)
-    page = _run_page(run_id)
+    page = _run_page(request, run_id)
     if not request.htmx:
         context = fragments.run_context(page, {tc.pk: forms})
         return render(
@@ -708,7 +717,7 @@ def run_cancel(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
     form = CancelForm(request.POST)
     if not form.is_valid():
         return _inline_error(request, run_id, "Choose interrupt or rollback.", "run")
-    run = _get_run(run_id)
+    run = _get_run(request, run_id)
     action = form.cleaned_data["action"]
     try:
         result = services.run_cancel(
@@ -722,7 +731,7 @@ def run_cancel(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
         messages.success(request, text)
         target = (
             reverse("runs:thread_detail", args=[run.thread_id])
-            if run.thread_id and _thread_exists(run.thread_id)
+            if run.thread_id and _thread_exists(request, run.thread_id)
             else reverse("runs:run_list")
         )
         if request.htmx:
@@ -736,9 +745,9 @@ def run_cancel(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
     return _done(request, run_id, text, "run")
 
 
-def _thread_exists(thread_id: UUID) -> bool:
+def _thread_exists(request: HtmxHttpRequest, thread_id: UUID) -> bool:
     try:
-        selectors.thread_get(thread_id)
+        selectors.visible_thread(request.user, thread_id)
     except NotFound:
         return False
     return True
@@ -753,7 +762,7 @@ def _thread_exists(thread_id: UUID) -> bool:
 @dashboard_view
 def thread_detail(request: HtmxHttpRequest, thread_id: UUID) -> HttpResponse:
     try:
-        page = selectors.thread_page(thread_id)
+        page = selectors.thread_page(thread_id, user=request.user)
     except NotFound:
         raise Http404("Thread not found") from None
     fragments = Fragments(request.user, request)
@@ -781,7 +790,7 @@ def thread_detail(request: HtmxHttpRequest, thread_id: UUID) -> HttpResponse:
 @dashboard_view
 def audit_log(request: HtmxHttpRequest) -> HttpResponse:
     form = AuditFilterForm(request.GET)
-    entries = selectors.audit_entries(form.audit_filters())
+    entries = selectors.audit_entries(form.audit_filters(), user=request.user)
     page = Paginator(entries, PAGE_SIZE).get_page(form.page_number)
     return render(
         request,
@@ -829,7 +838,7 @@ class _Echo:
 @dashboard_view
 def audit_csv(request: HtmxHttpRequest) -> StreamingHttpResponse:
     form = AuditFilterForm(request.GET)
-    entries = selectors.audit_entries(form.audit_filters())
+    entries = selectors.audit_entries(form.audit_filters(), user=request.user)
     writer = csv.writer(_Echo())
 
     def rows() -> Iterator[str]:

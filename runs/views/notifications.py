@@ -17,7 +17,7 @@ from runs.views import HtmxHttpRequest, dashboard_view
 @dashboard_view
 def run_deliveries(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
     try:
-        run = selectors.run_get(run_id)
+        run = selectors.visible_run(request.user, run_id)
     except NotFound:
         raise Http404("Run not found (it may have been rolled back)") from None
     return render(request, "runs/_fragments/deliveries.html", {"run": run})

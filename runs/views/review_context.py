@@ -42,7 +42,7 @@ def _chat(
 @dashboard_view
 def run_chat(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
     """The run's conversation: its latest checkpoint's messages."""
-    run = _get_run(run_id)
+    run = _get_run(request, run_id)
     checkpoint = selectors.latest_checkpoint(run_id=run.id)
     return _chat(
         request,
@@ -58,7 +58,7 @@ def run_chat(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
 @dashboard_view
 def thread_chat(request: HtmxHttpRequest, thread_id: UUID) -> HttpResponse:
     """The thread's conversation: its current values' messages."""
-    thread = _get_thread(thread_id)
+    thread = _get_thread(request, thread_id)
     return _chat(
         request,
         scope="thread",

@@ -14,10 +14,12 @@ from runs.engine.worker import drain
 from runs.models import Run, RunStatus
 
 USERS = [
-    # (username, staff/superuser, group)
-    ("admin", True, None),
-    ("reviewer", False, "Reviewers"),
-    ("support", False, "Support"),
+    # (username, staff/superuser, groups, resources it is bound to: none = sees every run)
+    ("admin", True, (), ()),
+    ("reviewer", False, ("Reviewers",), ()),
+    ("support", False, ("Support",), ()),
+    # Tenant-scoped staff: sees and acts on the "acme" threads and runs only.
+    ("acme-support", False, ("Reviewers", "Support"), ("acme",)),
 ]
 
 DEMO_EMAIL = {
@@ -35,15 +37,16 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, force: bool, **options: Any) -> None:
         services.groups_ensure()
-        for username, staff, group in USERS:
+        for username, staff, groups, resources in USERS:
             user, created = User.objects.get_or_create(username=username)
             if created:
                 user.set_password(username)
                 user.is_staff = staff
                 user.is_superuser = staff
                 user.save()
-            if group:
-                user.groups.add(Group.objects.get(name=group))
+            user.groups.add(*Group.objects.filter(name__in=groups))
+            if resources:
+                services.staff_scope_set(user=user, resource_ids=resources)
         if Run.objects.exists() and not force:
             self.stdout.write("demo runs already present; users and groups ensured")
             return
