@@ -149,7 +149,7 @@ def test_it_renders_the_requests_description_as_sanitised_markdown(
 
 def test_a_pushed_card_carries_the_same_descriptions(reviewer: User, drain: Any, asker) -> None:
     run = suspended(drain, "asker")
-    page = selectors.run_page(run.id)
+    page = selectors.run_page(run.id, user=selectors.UNSCOPED)
     pushed = Fragments(reviewer).run_regions(page)
     assert len(_descriptions(pushed, "inbox-description")) == 1
     assert len(_descriptions(pushed, "tool-description")) == 1
@@ -303,13 +303,13 @@ def test_a_push_never_carries_the_chat_and_asks_for_it_when_the_run_stops(
     fragments = Fragments(support)
     sent = RunPushState(seq=0)
     reload = f'hx-get="{reverse("runs:run_chat", args=[run.id])}" hx-trigger="load"'
-    first = "\n".join(fragments.run_push(selectors.run_page(run.id), sent, with_io=True))
+    first = "\n".join(fragments.run_push(selectors.run_page(run.id, user=selectors.UNSCOPED), sent, with_io=True))
     assert reload in first  # the page may have been rendered before it stopped
     services.tool_call_approve(run=run, actor=reviewer, comment="")
-    second = "\n".join(fragments.run_push(selectors.run_page(run.id), sent, with_io=True))
+    second = "\n".join(fragments.run_push(selectors.run_page(run.id, user=selectors.UNSCOPED), sent, with_io=True))
     assert reload not in second  # pending: not a stop
     drain()
-    third = "\n".join(fragments.run_push(selectors.run_page(run.id), sent, with_io=True))
+    third = "\n".join(fragments.run_push(selectors.run_page(run.id, user=selectors.UNSCOPED), sent, with_io=True))
     assert reload in third
     for frame in (first, second, third):
         assert 'id="run-chat"' not in frame
