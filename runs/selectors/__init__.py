@@ -30,6 +30,7 @@ from runs.models import (
     ThreadStatus,
     ToolCall,
 )
+from runs.selectors import reviews
 
 MAX_PAGE_SIZE = 1000
 
@@ -428,6 +429,9 @@ class RunFilters:
     waiting_longer_than: timedelta | None = None
     pending_longer_than: timedelta | None = None
     top_level_only: bool = True
+    assigned: str | None = None  # "mine" or "unassigned" (claims, selectors/reviews.py)
+    viewer: str = ""  # whose "mine"
+    overdue: bool = False  # a waiting call is past its review deadline
 
 
 def stuck_condition(now: datetime | None = None, minutes: int | None = None) -> Q:
@@ -481,6 +485,10 @@ def runs_filtered(filters: RunFilters) -> QuerySet[Run]:
             status=RunStatus.SUSPENDED,
             suspended_at__lt=timezone.now() - filters.waiting_longer_than,
         )
+    if filters.assigned:
+        qs = qs.filter(reviews.assigned_condition(filters.assigned, filters.viewer))
+    if filters.overdue:
+        qs = qs.filter(reviews.overdue_condition())
     return qs
 
 
@@ -535,6 +543,7 @@ class Overview:
     stuck_total: int
     activity: list[RunEvent]
     hourly: list[HourBucket]
+    reviews_overdue: int = 0
 
 
 def runs_ended_per_hour(*, hours: int = 24, now: datetime | None = None) -> list[HourBucket]:
@@ -589,6 +598,7 @@ def dashboard_overview(*, limit: int = 8) -> Overview:
         stuck_total=stuck.count(),
         activity=activity_feed(),
         hourly=runs_ended_per_hour(),
+        reviews_overdue=reviews.reviews_overdue_count(),
     )
 
 

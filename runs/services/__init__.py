@@ -7,7 +7,8 @@ notification never arrives before the row it talks about. Lock order and fencing
 
 `from runs import services; services.run_cancel(...)` is the way in; the modules are:
 threads, runs (create), queue (claim/heartbeat/reap/release), steps, finish, cancel,
-decisions, agent_inbox (a graph's Agent Inbox choices), access, and core (locks, events,
+decisions, agent_inbox (a graph's Agent Inbox choices), claims (who reviews a waiting call),
+review_deadlines (the reaper's half of review deadlines), access, and core (locks, events,
 audit, publishing).
 """
 
@@ -32,6 +33,12 @@ from runs.services.access import (
 )
 from runs.services.agent_inbox import tool_call_inbox_decide
 from runs.services.cancel import run_cancel, run_delete, runs_cancel_many
+from runs.services.claims import (
+    DEFAULT_CLAIM_MINUTES,
+    MAX_CLAIM_MINUTES,
+    tool_call_claim,
+    tool_call_release,
+)
 from runs.services.core import CANCEL_CHANNEL, DEFAULT_DECLINE_TEXT, QUEUE_CHANNEL, REJECT_MESSAGE
 from runs.services.decisions import (
     thread_resume,
@@ -41,6 +48,11 @@ from runs.services.decisions import (
 )
 from runs.services.finish import run_acknowledge_cancel, run_fail_attempt, run_finish
 from runs.services.queue import run_claim, run_heartbeat, run_release, run_set_deadline, runs_reap
+from runs.services.review_deadlines import (
+    DEADLINE_ACTOR,
+    review_deadline_passed,
+    reviews_expire,
+)
 from runs.services.runs import run_create, run_create_child
 from runs.services.steps import run_emit, run_save_steps, run_suspend, tool_call_update
 from runs.services.threads import (
@@ -53,8 +65,11 @@ from runs.services.threads import (
 
 __all__ = [
     "CANCEL_CHANNEL",
+    "DEADLINE_ACTOR",
+    "DEFAULT_CLAIM_MINUTES",
     "DEFAULT_DECLINE_TEXT",
     "GROUP_PERMISSIONS",
+    "MAX_CLAIM_MINUTES",
     "QUEUE_CHANNEL",
     "REJECT_MESSAGE",
     "Actor",
@@ -69,6 +84,8 @@ __all__ = [
     "api_key_revoke",
     "api_key_touch",
     "groups_ensure",
+    "review_deadline_passed",
+    "reviews_expire",
     "run_acknowledge_cancel",
     "run_cancel",
     "run_claim",
@@ -93,7 +110,9 @@ __all__ = [
     "thread_update_state",
     "tool_call_answer",
     "tool_call_approve",
+    "tool_call_claim",
     "tool_call_decline",
     "tool_call_inbox_decide",
+    "tool_call_release",
     "tool_call_update",
 ]

@@ -136,7 +136,9 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
 @dashboard_view
 def inbox(request: HtmxHttpRequest) -> HttpResponse:
     form = InboxFilterForm(request.GET)
-    runs = selectors.inbox(form.run_filters(), oldest_first=form.oldest_first)
+    runs = selectors.inbox(
+        form.run_filters(viewer=request.user.get_username()), oldest_first=form.oldest_first
+    )
     page = Paginator(runs, PAGE_SIZE).get_page(form.page_number)
     context = {
         "form": form,

@@ -1,0 +1,60 @@
+"""Reads about reviews of waiting tool calls: who holds them (claims) and their deadlines."""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.db.models import Exists, OuterRef, Q
+from django.db.models.functions import Now
+
+from runs.models import PENDING_DECISION_STATUSES, RunStatus, ToolCall
+
+ASSIGNED_CHOICES = ("all", "mine", "unassigned")
+
+
+def _live_claim() -> Q:
+    # Now() is evaluated by the database on every execution: a socket keeps its queryset for
+    # its whole life, and a claim that ran out since must stop counting.
+    return Q(claimed_until__gt=Now()) & ~Q(claimed_by="")
+
+
+def assigned_condition(assigned: str | None, viewer: str) -> Q:
+    """Runs (of the inbox) with a waiting call held by `viewer` (mine) or held by nobody."""
+    if assigned not in ("mine", "unassigned"):
+        return Q()
+    waiting = ToolCall.objects.filter(run=OuterRef("pk"), status__in=PENDING_DECISION_STATUSES)
+    if assigned == "mine":
+        return Q(Exists(waiting.filter(_live_claim(), claimed_by=viewer)))
+    return Q(Exists(waiting.exclude(_live_claim())))
+
+
+def overdue_condition() -> Q:
+    """Runs with a waiting call past its review deadline."""
+    return Q(
+        Exists(
+            ToolCall.objects.filter(
+                run=OuterRef("pk"),
+                status__in=PENDING_DECISION_STATUSES,
+                review_deadline_at__lte=Now(),
+            )
+        )
+    )
+
+
+def reviews_overdue_count() -> int:
+    """Waiting tool calls of suspended runs past their review deadline (overview, metrics)."""
+    return ToolCall.objects.filter(
+        status__in=PENDING_DECISION_STATUSES,
+        run__status=RunStatus.SUSPENDED,
+        review_deadline_at__lte=Now(),
+    ).count()
+
+
+def reviewer_names() -> list[str]:
+    """Active users who may review, by username: who an item can be assigned to."""
+    users = get_user_model().objects.filter(is_active=True).order_by("username")
+    perm = Q(user_permissions__codename="review_run") | Q(
+        groups__permissions__codename="review_run"
+    )
+    return list(
+        users.filter(perm | Q(is_superuser=True)).distinct().values_list("username", flat=True)
+    )
