@@ -424,6 +424,7 @@ class Fragments:
             self.render(name, **ctx)
             for name in (
                 "overview_counts.html",
+                "overview_reviews.html",
                 "overview_suspended.html",
                 "overview_stuck.html",
                 "overview_activity.html",

@@ -6,7 +6,8 @@ from django.contrib.auth import get_user_model
 from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 
-from runs.models import PENDING_DECISION_STATUSES, RunStatus, ToolCall
+from runs.exceptions import Conflict, NotFound
+from runs.models import PENDING_DECISION_STATUSES, Run, RunStatus, ToolCall
 
 ASSIGNED_CHOICES = ("all", "mine", "unassigned")
 
@@ -58,3 +59,29 @@ def reviewer_names() -> list[str]:
     return list(
         users.filter(perm | Q(is_superuser=True)).distinct().values_list("username", flat=True)
     )
+
+
+def waiting_call(run: Run, tool_call_id: str | None) -> ToolCall:
+    """The call a claim addresses: the named one, or the run's only waiting call."""
+    if tool_call_id is not None:
+        tc = ToolCall.objects.select_related("run").filter(run=run, tool_call_id=tool_call_id)
+        found = tc.first()
+        if found is None:
+            raise NotFound(
+                f"Tool call {tool_call_id} not found on run {run.id}", code="tool_call_not_found"
+            )
+        return found
+    waiting = list(
+        ToolCall.objects.select_related("run")
+        .filter(run=run, status__in=PENDING_DECISION_STATUSES)
+        .order_by("created_at", "id")
+    )
+    if len(waiting) != 1:
+        ids = [tc.tool_call_id for tc in waiting]
+        raise Conflict(
+            f"Run {run.id} waits on {len(ids)} tool calls; say which one with tool_call_id"
+            + (f" (pending: {', '.join(ids)})" if ids else ""),
+            code="tool_call_required",
+            extra={"pending_tool_call_ids": ids},
+        )
+    return waiting[0]
