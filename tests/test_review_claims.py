@@ -275,9 +275,7 @@ def test_it_assigns_and_releases_from_the_dashboard(refund, reviewer, reviewer2)
     assert waiting_call(refund).claimed_by == ""
 
 
-def test_it_asks_for_confirmation_before_deciding_a_held_call(
-    refund, reviewer, reviewer2
-) -> None:
+def test_it_asks_for_confirmation_before_deciding_a_held_call(refund, reviewer, reviewer2) -> None:
     services.tool_call_claim(actor=reviewer, tool_call=waiting_call(refund))
     client = signed_in(reviewer2)
     url = reverse("runs:tool_call_decline", args=[refund.id])
@@ -373,9 +371,10 @@ def test_it_assigns_over_the_api_and_refuses_bad_input(http, refund, reviewer) -
     url = "/agents/refund/claim-tool-call"
     run_id = str(refund.id)
 
-    assert http.post(url, json={"run_id": run_id, "minutes": 0}).json()["errors"][0][
-        "field"
-    ] == "minutes"
+    assert (
+        http.post(url, json={"run_id": run_id, "minutes": 0}).json()["errors"][0]["field"]
+        == "minutes"
+    )
     bad = http.post(url, json={"run_id": run_id, "assignee": "ghost"})
     assert bad.status_code == 422
     assert bad.json()["errors"][0]["field"] == "assignee"
@@ -413,9 +412,7 @@ def test_it_requires_force_on_resume_and_decline_too(http, drain, reviewer) -> N
         services.tool_call_claim(actor=reviewer, tool_call=waiting_call(run))
 
     declined = http.post("/agents/refund/decline-tool-call", json={"run_id": str(first.id)})
-    resumed = http.post(
-        "/agents/refund/resume", json={"run_id": str(second.id), "approved": True}
-    )
+    resumed = http.post("/agents/refund/resume", json={"run_id": str(second.id), "approved": True})
 
     assert (declined.status_code, resumed.status_code) == (409, 409)
     forced = http.post(
