@@ -38,7 +38,7 @@ def deadline_text(deadline: datetime, now: datetime) -> str:
 @register.simple_tag
 def review_deadline(tc: ToolCall) -> SafeString:
     if tc.review_deadline_at is None:
-        return format_html("")
+        return SafeString("")
     now = timezone.now()
     overdue = tc.review_deadline_at <= now
     exact = timezone.localtime(tc.review_deadline_at).strftime("%Y-%m-%d %H:%M:%S %Z")
