@@ -67,8 +67,8 @@ class InboxFilterForm(_FilterForm):
     )
     assigned = forms.ChoiceField(
         required=False,
-        label="Claimed",
-        choices=[("all", "by anyone or nobody"), ("mine", "by me"), ("unassigned", "by nobody")],
+        label="Claimed by",
+        choices=[("all", "anyone or nobody"), ("mine", "me"), ("unassigned", "nobody")],
     )
     overdue = forms.BooleanField(required=False, label="Overdue only")
     page = forms.IntegerField(required=False, min_value=1)
