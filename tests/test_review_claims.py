@@ -219,6 +219,24 @@ def test_it_claims_from_the_inbox_and_shows_the_holder_in_the_row(refund, review
     assert "rita is on it" in html
 
 
+def test_it_claims_from_the_run_page_and_shows_the_holder_on_the_card(
+    refund, reviewer, reviewer2
+) -> None:
+    tc = waiting_call(refund)
+
+    response = signed_in(reviewer).post(
+        reverse("runs:tool_call_claim", args=[refund.id]),
+        {"tool_call_id": tc.tool_call_id},
+        headers=HX,
+    )
+
+    assert response.status_code == 200
+    assert f'id="tc-{tc.pk}"' in response.content.decode()
+    page = signed_in(reviewer2).get(reverse("runs:run_detail", args=[refund.id]))
+    assert page.status_code == 200
+    assert "rita is on it" in page.content.decode()
+
+
 def test_it_refuses_a_claim_from_a_non_reviewer(refund, support) -> None:
     response = signed_in(support).post(
         reverse("runs:tool_call_claim", args=[refund.id]),
