@@ -275,6 +275,13 @@ def _event_summary(event: Any) -> str:
         if data.get("reason"):
             text += f": {data['reason']}"
         return text
+    if kind in ("claimed", "assigned"):
+        return f"{data.get('tool_name', '?')} {kind} for {data.get('claimed_by', '?')}"
+    if kind == "released":
+        return f"{data.get('tool_name', '?')} released"
+    if kind == "review_overdue":
+        action = data.get("action") or "marked overdue"
+        return f"{data.get('tool_name', '?')} review deadline passed ({action})"
     if kind == "cancel_requested":
         return f"{data.get('action', 'cancel')} requested"
     if kind == "cancelled":
