@@ -475,3 +475,35 @@ def test_it_gives_a_claim_race_exactly_one_winner(drain, reviewer, reviewer2) ->
     assert len(winners) == 1
     assert waiting_call(run).claimed_by == winners[0].removeprefix("won:")
     assert AuditEntry.objects.filter(action="claim").count() == 1
+
+
+# --- live: inbox sockets ----------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_claim_reaches_open_inboxes_and_mine_is_per_reviewer(drain, reviewer, reviewer2):
+    from channels.db import database_sync_to_async
+
+    from tests.test_live import connect, receive_until
+
+    run = await database_sync_to_async(suspended)(drain, "LIVE-1")
+    ritas_mine, ok1 = await connect("/ws/runs/?view=inbox&assigned=mine", reviewer)
+    robs_mine, ok2 = await connect("/ws/runs/?view=inbox&assigned=mine", reviewer2)
+    robs_all, ok3 = await connect("/ws/runs/?view=inbox", reviewer2)
+    assert ok1 and ok2 and ok3
+    try:
+        tc = await database_sync_to_async(waiting_call)(run)
+        await database_sync_to_async(services.tool_call_claim)(actor=reviewer, tool_call=tc)
+
+        row = f'id="inbox-row-{run.id}"'
+        ritas = await receive_until(ritas_mine, lambda t: row in t)
+        assert 'data-claimed-by="rita"' in ritas  # inserted into Rita's "mine"
+        robs = await receive_until(robs_all, lambda t: row in t)
+        assert "rita is on it" in robs  # Rob's open inbox shows who has it
+        # Rob's "mine" shares no render with Rita's: the row is not his, it is only dropped.
+        robs_own = await receive_until(robs_mine, lambda t: f"inbox-row-{run.id}" in t)
+        assert f'<div id="inbox-row-{run.id}" hx-swap-oob="delete"' in robs_own
+        assert "data-claimed-by" not in robs_own
+    finally:
+        for socket in (ritas_mine, robs_mine, robs_all):
+            await socket.disconnect()
