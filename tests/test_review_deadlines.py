@@ -261,3 +261,53 @@ def test_it_counts_overdue_reviews_on_the_overview_and_in_metrics(drain, reviewe
     text = metrics.content.decode()
     assert "runsite_reviews_overdue 1.0" in text
     assert "runsite_reviews_claimed 1.0" in text
+
+
+# --- LangGraph graphs (RUNS_GRAPHS) -----------------------------------------------------------
+
+
+def _graph(register_agent: Any, **review: Any) -> Any:
+    from runs.graphs.loader import load_graphs
+    from tests.test_graphs import graphs_config
+
+    config = graphs_config()
+    config["graphs"] = {"approval": {"path": config["graphs"]["approval"], **review}}
+    return register_agent(load_graphs(config)["approval"])
+
+
+def test_it_refuses_a_bad_deadline_in_the_graphs_config(register_agent) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="approval.*on_review_timeout"):
+        _graph(register_agent, review_timeout_seconds=60, on_review_timeout="later")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_graph_interrupt_gets_the_deadline_of_its_config_and_is_declined(
+    register_agent, drain
+) -> None:
+    _graph(
+        register_agent,
+        review_timeout_seconds=60,
+        on_review_timeout="decline",
+        review_timeout_reason="too slow",
+    )
+    run = suspended(drain, "approval", {"amount": 42.5, "order_id": "ord-1"})
+    tc = ToolCall.objects.get(run=run)
+    assert tc.review_deadline_at == tc.suspended_at + timedelta(seconds=60)
+
+    counts = services.reviews_expire(now=later(2))
+
+    assert counts["declined"] == 1
+    tc.refresh_from_db()
+    assert (tc.status, tc.decided_by, tc.decision_reason) == (
+        ToolCallStatus.DECLINED,
+        "system:deadline",
+        "too slow",
+    )
+    drain()
+    run.refresh_from_db()
+    # The graph received the decline as its interrupt's answer, as from a reviewer.
+    assert run.status == RunStatus.SUCCESS
+    assert run.output["status"] == "rejected"
+    assert run.output["decision"]["approved"] is False

@@ -20,6 +20,7 @@ from django.db.models import Q
 
 from runs import metrics
 from runs.contracts import Actor, FenceResult, Lease
+from runs.engine.registry import review_policy
 from runs.exceptions import Conflict
 from runs.models import (
     ACTIVE_STATUSES,
@@ -54,6 +55,7 @@ from runs.services.decisions import (
     _validate_resume_data,
     _waiting_calls,
 )
+from runs.services.review_deadlines import review_deadline_fields
 
 Event = tuple[str, dict[str, Any], str]
 
@@ -278,6 +280,7 @@ def graph_run_suspend(
                     "decided_at": None,
                     "step": w.get("step", 0),
                     "suspended_at": now,
+                    **review_deadline_fields(review_policy(lease.agent_id, None), now),
                 },
             )
         Run.objects.filter(id=lease.run_id).update(
