@@ -520,6 +520,7 @@ ACTIVITY_KINDS = (
     "finished",
     "lease_expired",
     "retry",
+    "review_overdue",
 )
 
 
