@@ -224,7 +224,8 @@ class RunsConsumer(_BatchingConsumer):
             self.batch_seconds = 1.0
         elif self.view == "inbox":
             form = InboxFilterForm(self.params)
-            self.filters = form.run_filters()
+            assert self.user is not None  # connect() refused anonymous sockets
+            self.filters = form.run_filters(viewer=self.user.get_username())
             self.queryset = selectors.inbox(
                 self.filters, user=self.user, oldest_first=form.oldest_first
             )
@@ -289,6 +290,9 @@ class RunsConsumer(_BatchingConsumer):
         if self.watched or self.view == "thread":
             return None  # personal: the reviewer's own decisions, the regions this page has
         params = tuple(sorted((k, tuple(v)) for k, v in self.params.lists() if k != "at"))
+        if getattr(self, "filters", None) is not None and self.filters.assigned == "mine":
+            # "mine" lists different runs for each reviewer: never share its render.
+            params += (("viewer", (self.filters.viewer,)),)
         return (
             self.view,
             str(getattr(self, "thread_id", "")),

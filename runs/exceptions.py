@@ -35,6 +35,17 @@ class AlreadyDecided(Conflict):
     code = "already_decided"
 
 
+class ClaimedByOther(Conflict):
+    """The tool call is claimed by another reviewer: deciding it needs an explicit take-over."""
+
+    code = "claimed_by_other"
+
+    def __init__(self, detail: str, *, claimed_by: str, claimed_until: str | None) -> None:
+        super().__init__(detail, extra={"claimed_by": claimed_by, "claimed_until": claimed_until})
+        self.claimed_by = claimed_by
+        self.claimed_until = claimed_until
+
+
 class ValidationFailed(RunsError):
     """Input was wrong. `errors` lists what, by field; nothing was changed."""
 

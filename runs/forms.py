@@ -69,6 +69,12 @@ class InboxFilterForm(_FilterForm):
     order = forms.ChoiceField(
         required=False, choices=[("newest", "newest first"), ("oldest", "oldest first")]
     )
+    assigned = forms.ChoiceField(
+        required=False,
+        label="Claimed by",
+        choices=[("all", "anyone or nobody"), ("mine", "me"), ("unassigned", "nobody")],
+    )
+    overdue = forms.BooleanField(required=False, label="Overdue only")
     page = forms.IntegerField(required=False, min_value=1)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -76,9 +82,14 @@ class InboxFilterForm(_FilterForm):
         _choice_field(self, "agent").choices = agent_choices()
         _choice_field(self, "tool").choices = tool_choices()
 
-    def run_filters(self) -> RunFilters:
+    def run_filters(self, viewer: str = "") -> RunFilters:
+        """The filters; `viewer` (a username) is whose items `assigned=mine` lists."""
         d = self.filters_kwargs()
+        assigned = d.get("assigned") or None
         return RunFilters(
+            assigned=None if assigned == "all" else assigned,
+            viewer=viewer,
+            overdue=bool(d.get("overdue")),
             agent_id=d.get("agent") or None,
             tool_name=d.get("tool") or None,
             thread_id=d.get("thread"),

@@ -88,7 +88,9 @@ class Card:
     def token(self) -> str:
         # Same token = same state: a push leaves the card (and a half-typed form) alone.
         decided = self.tc.decided_at.timestamp() if self.tc.decided_at else ""
-        return f"{self.tc.status}:{decided}:{int(self.open)}" + (
+        # A claim changes what the card shows (who has it): a new claim is a new state.
+        claim = f"{self.tc.claimed_by}@{self.tc.claimed_until.timestamp() if self.tc.claimed_until else ''}"
+        return f"{self.tc.status}:{decided}:{int(self.open)}:{claim}" + (
             ":bound" if self.forms.bound else ""
         )
 
@@ -442,6 +444,7 @@ class Fragments:
             self.render(name, **ctx)
             for name in (
                 "overview_counts.html",
+                "overview_reviews.html",
                 "overview_suspended.html",
                 "overview_stuck.html",
                 "overview_activity.html",

@@ -23,6 +23,11 @@ LEASE_LOSSES = Counter(
     "runsite_worker_lease_losses", "Runs a worker of this process lost its lease on"
 )
 REAPED = Counter("runsite_reaped", "Runs the reaper returned to the queue or failed", ["outcome"])
+REVIEW_DEADLINES = Counter(
+    "runsite_review_deadlines",
+    "Waiting tool calls whose review deadline passed, by what the reaper did",
+    ["outcome"],
+)
 WEBSOCKETS = Gauge("runsite_websocket_connections", "Open dashboard websocket connections")
 
 
@@ -33,7 +38,7 @@ class RunStateCollector(Collector):
         from django.db.models import Count, Min
         from django.utils import timezone
 
-        from runs.models import Run, RunStatus
+        from runs.models import PENDING_DECISION_STATUSES, Run, RunStatus, ToolCall
 
         by_status = GaugeMetricFamily(
             "runsite_runs", "Runs by status (top-level runs)", labels=["status"]
@@ -47,6 +52,12 @@ class RunStateCollector(Collector):
             oldest = Run.objects.filter(status=RunStatus.SUSPENDED).aggregate(
                 m=Min("suspended_at")
             )["m"]
+            now = timezone.now()
+            waiting = ToolCall.objects.filter(
+                status__in=PENDING_DECISION_STATUSES, run__status=RunStatus.SUSPENDED
+            )
+            overdue = waiting.filter(review_deadline_at__lte=now).count()
+            claimed = waiting.filter(claimed_until__gt=now).exclude(claimed_by="").count()
         except Exception:
             return  # database down: /readyz reports it; metrics just omit run state
         for status, n in counts.items():
@@ -58,6 +69,16 @@ class RunStateCollector(Collector):
         )
         age.add_metric([], (timezone.now() - oldest).total_seconds() if oldest else 0.0)
         yield age
+        reviews = GaugeMetricFamily(
+            "runsite_reviews_overdue", "Tool calls waiting for a human past their review deadline"
+        )
+        reviews.add_metric([], overdue)
+        yield reviews
+        held = GaugeMetricFamily(
+            "runsite_reviews_claimed", "Tool calls waiting for a human that a reviewer has claimed"
+        )
+        held.add_metric([], claimed)
+        yield held
 
 
 _registered = False

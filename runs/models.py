@@ -15,6 +15,7 @@ from django.db.models import Q
 from runs.ids import uuid7
 
 if TYPE_CHECKING:
+    from datetime import datetime
     from uuid import UUID
 
 
@@ -66,6 +67,12 @@ class ToolCallStatus(models.TextChoices):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+
+
+class ReviewTimeoutAction(models.TextChoices):
+    NONE = "", "none (only marked overdue)"
+    DECLINE = "decline"
+    CANCEL = "cancel"  # the run is interrupted
 
 
 PENDING_DECISION_STATUSES = (ToolCallStatus.AWAITING_APPROVAL, ToolCallStatus.AWAITING_INPUT)
@@ -278,6 +285,18 @@ class ToolCall(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Review deadline, stamped from the agent's (or tool's) policy when the call suspends, so
+    # the reaper and the inbox need no registry lookup (runs/services/reviews.py).
+    review_deadline_at = models.DateTimeField(null=True, blank=True)
+    review_timeout_action = models.CharField(
+        max_length=16, choices=ReviewTimeoutAction.choices, blank=True, default=""
+    )
+    review_timeout_reason = models.TextField(blank=True, default="")
+    # Set once by the reaper that handled the passed deadline: two reapers, one action.
+    review_expired_at = models.DateTimeField(null=True, blank=True)
+    # "I'm on it": who reviews this call, until when (an expired claim is no claim).
+    claimed_by = models.CharField(max_length=150, blank=True, default="")
+    claimed_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints: ClassVar = [
@@ -289,6 +308,21 @@ class ToolCall(models.Model):
                 condition=Q(status__in=["awaiting_approval", "awaiting_input"]),
                 name="toolcall_waiting_idx",
             ),
+            # Overdue reviews: the reaper's scan, the overview card and the metrics gauge.
+            models.Index(
+                fields=["review_deadline_at"],
+                condition=Q(
+                    status__in=["awaiting_approval", "awaiting_input"],
+                    review_deadline_at__isnull=False,
+                ),
+                name="toolcall_review_deadline_idx",
+            ),
+            # The inbox's "mine" filter.
+            models.Index(
+                fields=["claimed_by"],
+                condition=Q(status__in=["awaiting_approval", "awaiting_input"]),
+                name="toolcall_claimed_idx",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -297,6 +331,19 @@ class ToolCall(models.Model):
     @property
     def is_waiting(self) -> bool:
         return self.status in PENDING_DECISION_STATUSES
+
+    def claim_holder(self, now: datetime) -> str:
+        """Who holds the call at `now` ("" when nobody: unclaimed or the claim ran out)."""
+        if self.claimed_by and self.claimed_until is not None and self.claimed_until > now:
+            return self.claimed_by
+        return ""
+
+    def is_overdue(self, now: datetime) -> bool:
+        return (
+            self.is_waiting
+            and self.review_deadline_at is not None
+            and self.review_deadline_at <= now
+        )
 
     @property
     def decision(self) -> str:

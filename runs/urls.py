@@ -4,6 +4,7 @@ from django.urls import path
 
 from runs import views
 from runs.views import notifications, review_context, search
+from runs.views import reviews as review_views
 
 app_name = "runs"
 urlpatterns = [
@@ -27,6 +28,8 @@ urlpatterns = [
     path("runs/<uuid:run_id>/approve/", views.tool_call_approve, name="tool_call_approve"),
     path("runs/<uuid:run_id>/decline/", views.tool_call_decline, name="tool_call_decline"),
     path("runs/<uuid:run_id>/answer/", views.tool_call_answer, name="tool_call_answer"),
+    path("runs/<uuid:run_id>/claim/", review_views.tool_call_claim, name="tool_call_claim"),
+    path("runs/<uuid:run_id>/release/", review_views.tool_call_release, name="tool_call_release"),
     path("runs/<uuid:run_id>/cancel/", views.run_cancel, name="run_cancel"),
     path("threads/<uuid:thread_id>/", views.thread_detail, name="thread_detail"),
     path("threads/<uuid:thread_id>/values/", views.thread_values, name="thread_values"),

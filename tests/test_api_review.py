@@ -104,8 +104,14 @@ def test_it_lists_suspended_runs_in_the_mastra_shape(http: httpx.Client, drain) 
             "requires_approval": True,
             "suspend_payload": None,
             "resume_schema": None,
+            # Nobody claimed it; the refund agent's 30-minute review deadline.
+            "claimed_by": "",
+            "claimed_until": None,
+            "review_deadline_at": row["tool_calls"][0]["review_deadline_at"],
         }
     ]
+    deadline = datetime.fromisoformat(row["tool_calls"][0]["review_deadline_at"])
+    assert abs(deadline - (tc.suspended_at + timedelta(minutes=30))) < timedelta(milliseconds=1)
 
 
 def test_it_filters_and_paginates_suspended_runs(http: httpx.Client, drain) -> None:

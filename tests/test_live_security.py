@@ -29,6 +29,8 @@ DASHBOARD_POSTS = {
     "runs:tool_call_approve": "runs.review_run",
     "runs:tool_call_decline": "runs.review_run",
     "runs:tool_call_answer": "runs.review_run",
+    "runs:tool_call_claim": "runs.review_run",
+    "runs:tool_call_release": "runs.review_run",
     "runs:run_cancel": "runs.cancel_run",
     "runs:runs_bulk_cancel": "runs.cancel_run",
 }

@@ -303,13 +303,19 @@ def test_a_push_never_carries_the_chat_and_asks_for_it_when_the_run_stops(
     fragments = Fragments(support)
     sent = RunPushState(seq=0)
     reload = f'hx-get="{reverse("runs:run_chat", args=[run.id])}" hx-trigger="load"'
-    first = "\n".join(fragments.run_push(selectors.run_page(run.id, user=selectors.UNSCOPED), sent, with_io=True))
+    first = "\n".join(
+        fragments.run_push(selectors.run_page(run.id, user=selectors.UNSCOPED), sent, with_io=True)
+    )
     assert reload in first  # the page may have been rendered before it stopped
     services.tool_call_approve(run=run, actor=reviewer, comment="")
-    second = "\n".join(fragments.run_push(selectors.run_page(run.id, user=selectors.UNSCOPED), sent, with_io=True))
+    second = "\n".join(
+        fragments.run_push(selectors.run_page(run.id, user=selectors.UNSCOPED), sent, with_io=True)
+    )
     assert reload not in second  # pending: not a stop
     drain()
-    third = "\n".join(fragments.run_push(selectors.run_page(run.id, user=selectors.UNSCOPED), sent, with_io=True))
+    third = "\n".join(
+        fragments.run_push(selectors.run_page(run.id, user=selectors.UNSCOPED), sent, with_io=True)
+    )
     assert reload in third
     for frame in (first, second, third):
         assert 'id="run-chat"' not in frame

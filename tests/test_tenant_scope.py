@@ -158,7 +158,14 @@ LIST_GETS = {
     "saved_views",
     "saved_views_menu",
 }
-POSTS = {"tool_call_approve", "tool_call_decline", "tool_call_answer", "run_cancel"}
+POSTS = {
+    "tool_call_approve",
+    "tool_call_decline",
+    "tool_call_answer",
+    "run_cancel",
+    "tool_call_claim",
+    "tool_call_release",
+}
 BULK = {"runs_bulk_cancel"}
 # A user's own saved views (owner checks: tests/test_saved_views.py); their counts are scoped.
 OWNED = {"saved_view_create", "saved_view_rename", "saved_view_delete"}
@@ -203,9 +210,7 @@ def test_it_exports_searches_and_counts_only_their_tenants_runs(world, cast) -> 
                 assert jump.status_code == 200 and refund_id not in jump.content.decode()
 
         # A saved view counts what its owner may see.
-        saved = client.post(
-            reverse("runs:saved_view_create"), {"name": "everything", "query": ""}
-        )
+        saved = client.post(reverse("runs:saved_view_create"), {"name": "everything", "query": ""})
         assert saved.status_code in (200, 302), saved.content[:300]
         menu = client.get(reverse("runs:saved_views_menu"), headers=HX)
         assert menu.status_code == 200
@@ -355,15 +360,36 @@ def action(name: str, tenant: Tenant) -> tuple[str, dict[str, str], Any]:
             {"action": "interrupt", "reason": "x"},
             lambda: Run.objects.get(id=tenant.refund.id).status == RunStatus.INTERRUPTED,
         ),
+        "tool_call_claim": (
+            tenant.refund,
+            {"tool_call_id": refund_call.tool_call_id},
+            lambda: ToolCall.objects.get(id=refund_call.id).claimed_by != "",
+        ),
+        # Released: the claim its tenant's own reviewer held (see `held_by_own_reviewer`).
+        "tool_call_release": (
+            tenant.refund,
+            {"tool_call_id": refund_call.tool_call_id},
+            lambda: ToolCall.objects.get(id=refund_call.id).claimed_by == "",
+        ),
     }
+    if name == "tool_call_release":
+        held_by_own_reviewer(tenant, refund_call)
     run, data, done = forms[name]
     return reverse(f"runs:{name}", args=[run.id]), data, done
+
+
+def held_by_own_reviewer(tenant: Tenant, tc: ToolCall) -> None:
+    """Give the call a live claim of the user who sees that tenant (so a release shows)."""
+    holder = User.objects.get(username={v: k for k, v in OWN.items()}[tenant.name])
+    fresh = ToolCall.objects.get(id=tc.id)
+    if fresh.claimed_by != holder.username:
+        services.tool_call_claim(actor=holder, tool_call=fresh)
 
 
 def snapshot() -> tuple[list[Any], list[Any], int]:
     return (
         list(Run.objects.order_by("id").values_list("id", "status")),
-        list(ToolCall.objects.order_by("id").values_list("id", "status")),
+        list(ToolCall.objects.order_by("id").values_list("id", "status", "claimed_by")),
         AuditEntry.objects.count(),
     )
 

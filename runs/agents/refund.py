@@ -77,4 +77,8 @@ refund = Agent(
     tools=[lookup_order, issue_refund],
     model=ScriptedModel(refund_script),
     input_schema=INPUT_SCHEMA,
+    # A refund nobody looks at within half an hour is declined, and the customer told why.
+    review_timeout_seconds=30 * 60,
+    on_review_timeout="decline",
+    review_timeout_reason="No reviewer approved the refund within 30 minutes.",
 )

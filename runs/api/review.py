@@ -18,6 +18,7 @@ from runs import selectors, services
 from runs.api import presenters as p
 from runs.api import streaming
 from runs.api.auth import Caller, caller_of
+from runs.api.claim_schemas import ClaimIn, ClaimOut, ReleaseIn
 from runs.api.dates import date_bound
 from runs.api.langgraph import SSE_200
 from runs.api.schemas import (
@@ -36,7 +37,7 @@ from runs.api.schemas import (
 )
 from runs.engine.registry import get_agent
 from runs.exceptions import ValidationFailed
-from runs.models import PENDING_DECISION_STATUSES, Run, ToolCallStatus
+from runs.models import PENDING_DECISION_STATUSES, Run, ToolCall, ToolCallStatus
 
 review = Router(tags=["review"])
 
@@ -124,6 +125,7 @@ def _approve(caller: Caller, agent_id: str, payload: ApproveIn) -> Run:
         args=payload.args,
         comment=payload.comment or "",
         pinned_resource_id=caller.pinned_resource_id,
+        take_over=payload.force,
     )
 
 
@@ -137,6 +139,7 @@ def _decline(caller: Caller, agent_id: str, payload: DeclineIn) -> Run:
         tool_call_id=payload.tool_call_id,
         reason=payload.reason or "",
         pinned_resource_id=caller.pinned_resource_id,
+        take_over=payload.force,
     )
 
 
@@ -176,6 +179,7 @@ def _resume(caller: Caller, agent_id: str, payload: ResumeIn) -> Run:
             resume_data=payload.resume_data,
             tool_call_id=payload.tool_call_id,
             pinned_resource_id=caller.pinned_resource_id,
+            take_over=payload.force,
         )
     if approval.approved:
         return services.tool_call_approve(
@@ -185,6 +189,7 @@ def _resume(caller: Caller, agent_id: str, payload: ResumeIn) -> Run:
             args=approval.args,
             comment=approval.comment or "",
             pinned_resource_id=caller.pinned_resource_id,
+            take_over=payload.force,
         )
     if approval.comment:
         where = "comment" if payload.approved is not None else "resume_data.comment"
@@ -195,6 +200,7 @@ def _resume(caller: Caller, agent_id: str, payload: ResumeIn) -> Run:
         tool_call_id=payload.tool_call_id,
         reason=approval.reason or "",
         pinned_resource_id=caller.pinned_resource_id,
+        take_over=payload.force,
     )
 
 
@@ -274,6 +280,55 @@ async def resume_stream(
     request: HttpRequest, agent_id: str, payload: ResumeIn
 ) -> StreamingHttpResponse:
     return await _decide_and_stream(request, _resume, agent_id, payload)
+
+
+# --- claims ----------------------------------------------------------------------------------
+
+
+def _claim_out(tc: ToolCall) -> dict[str, Any]:
+    return {
+        "run_id": tc.run_id,
+        "tool_call_id": tc.tool_call_id,
+        "tool_name": tc.tool_name,
+        "claimed_by": tc.claimed_by,
+        "claimed_until": tc.claimed_until,
+        "review_deadline_at": tc.review_deadline_at,
+    }
+
+
+@review.post(
+    "/agents/{agent_id}/claim-tool-call", response={200: ClaimOut, **errors(404, 409, 422)}
+)
+def claim_tool_call(request: HttpRequest, agent_id: str, payload: ClaimIn) -> dict[str, Any]:
+    """Claim a waiting call ("I'm on it") for `minutes`, renew one's claim, or assign it to a
+    reviewer (`assignee`). 409 `claimed_by_other` names the holder of a live claim."""
+    caller = caller_of(request)
+    run = selectors.run_for_agent(
+        payload.run_id, agent_id=agent_id, pinned_resource_id=caller.pinned_resource_id
+    )
+    tc = selectors.reviews.waiting_call(run, payload.tool_call_id)
+    claimed = services.tool_call_claim(
+        actor=caller.actor,
+        tool_call=tc,
+        minutes=payload.minutes,
+        assignee=payload.assignee,
+        pinned_resource_id=caller.pinned_resource_id,
+    )
+    return _claim_out(claimed)
+
+
+@review.post("/agents/{agent_id}/release-tool-call", response={200: ClaimOut, **errors(404, 409)})
+def release_tool_call(request: HttpRequest, agent_id: str, payload: ReleaseIn) -> dict[str, Any]:
+    """Give up one's claim (releasing an unclaimed call is a no-op; another's: 409)."""
+    caller = caller_of(request)
+    run = selectors.run_for_agent(
+        payload.run_id, agent_id=agent_id, pinned_resource_id=caller.pinned_resource_id
+    )
+    tc = selectors.reviews.waiting_call(run, payload.tool_call_id)
+    released = services.tool_call_release(
+        actor=caller.actor, tool_call=tc, pinned_resource_id=caller.pinned_resource_id
+    )
+    return _claim_out(released)
 
 
 # --- any run in scope ------------------------------------------------------------------------

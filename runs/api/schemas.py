@@ -13,12 +13,13 @@ from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 from uuid import UUID
 
+from django.utils import timezone
 from ninja import Field, Schema
 from pydantic import AfterValidator, ConfigDict, model_validator
 
 from runs.api.presenters import assistant_uuid
 from runs.exceptions import Unsupported, ValidationFailed
-from runs.models import Run, Thread
+from runs.models import Run, Thread, ToolCall
 from runs.webhooks import validate_url
 
 # --- shared ------------------------------------------------------------------------------------
@@ -417,6 +418,18 @@ class ToolCallOut(Schema):
     requires_approval: bool
     suspend_payload: Any = None
     resume_schema: dict[str, Any] | None = None
+    # Who reviews it ("" when nobody holds a live claim) and its review deadline, if any.
+    claimed_by: str = ""
+    claimed_until: datetime | None = None
+    review_deadline_at: datetime | None = None
+
+    @staticmethod
+    def resolve_claimed_by(obj: ToolCall) -> str:
+        return obj.claim_holder(timezone.now())
+
+    @staticmethod
+    def resolve_claimed_until(obj: ToolCall) -> datetime | None:
+        return obj.claimed_until if obj.claim_holder(timezone.now()) else None
 
 
 class ToolCallDetailOut(ToolCallOut):
@@ -503,12 +516,14 @@ class ApproveIn(BodyIn):
     args: dict[str, Any] | None = None
     # Stored with the decision; the model sees it when the tool shares review comments.
     comment: str | None = Field(None, max_length=10_000)
+    force: bool = False  # decide a call another reviewer has claimed (else 409)
 
 
 class DeclineIn(BodyIn):
     run_id: UUID
     tool_call_id: str | None = None
     reason: str | None = Field(None, max_length=10_000)
+    force: bool = False
 
 
 class Approval(Schema):
@@ -532,6 +547,7 @@ class ResumeIn(BodyIn):
     args: dict[str, Any] | None = None
     reason: str | None = Field(None, max_length=10_000)
     comment: str | None = Field(None, max_length=10_000)
+    force: bool = False
 
     def top_level_approval(self) -> Approval | None:
         if self.approved is None:

@@ -13,11 +13,34 @@ if TYPE_CHECKING:
     from runs.engine.context import ToolContext
     from runs.engine.model import Model
 
-__all__ = ["Agent", "Tool", "delegate", "flatten_agents", "schema_errors", "tool"]
+__all__ = ["Agent", "ReviewPolicy", "Tool", "delegate", "flatten_agents", "schema_errors", "tool"]
 
 logger = logging.getLogger(__name__)
 
 ApprovalRule = bool | Callable[[dict[str, Any]], bool]
+
+REVIEW_TIMEOUT_ACTIONS = ("decline", "cancel")
+
+
+@dataclass(frozen=True)
+class ReviewPolicy:
+    """How long a human may take over a waiting call, and what happens after (None: nothing
+    but the overdue mark)."""
+
+    seconds: float
+    action: str | None = None  # "decline" (with `reason`) or "cancel" (interrupt the run)
+    reason: str = ""
+
+
+def _check_review_options(owner: str, seconds: float | None, action: str | None) -> None:
+    # Fail at import: a misspelt action would otherwise silently never fire.
+    if seconds is not None and (isinstance(seconds, bool) or not seconds >= 0):
+        raise ValueError(f"{owner}: review_timeout_seconds must be a number >= 0, got {seconds!r}")
+    if action is not None and action not in REVIEW_TIMEOUT_ACTIONS:
+        raise ValueError(
+            f"{owner}: on_review_timeout must be one of {REVIEW_TIMEOUT_ACTIONS} or None, "
+            f"got {action!r}"
+        )
 
 
 def _pydantic_schema(model: Any) -> dict[str, Any]:
@@ -38,10 +61,17 @@ class Tool:
     # The model gets a reviewer's approval comment with this tool's result
     # ({"reviewer_comment": ...}); off by default, a comment may be meant for people only.
     share_review_comment: bool = False
+    # Overrides of the agent's review deadline (None: the agent's; 0 seconds: no deadline).
+    review_timeout_seconds: float | None = None
+    on_review_timeout: str | None = None
+    review_timeout_reason: str = ""
 
     def __post_init__(self) -> None:
         if hasattr(self.parameters, "model_json_schema"):  # a pydantic model class
             self.parameters = _pydantic_schema(self.parameters)
+        _check_review_options(
+            f"tool {self.name}", self.review_timeout_seconds, self.on_review_timeout
+        )
 
     def needs_approval(self, args: dict[str, Any]) -> bool:
         rule = self.requires_approval
@@ -68,6 +98,9 @@ def tool(
     parameters: Any = None,
     requires_approval: ApprovalRule = False,
     share_review_comment: bool = False,
+    review_timeout_seconds: float | None = None,
+    on_review_timeout: str | None = None,
+    review_timeout_reason: str = "",
 ) -> Callable[[Callable[..., Any]], Tool]:
     """Decorator: `@tool(requires_approval=True) def issue_refund(ctx, order_id, amount): ...`."""
 
@@ -79,6 +112,9 @@ def tool(
             parameters=parameters if parameters is not None else {"type": "object"},
             requires_approval=requires_approval,
             share_review_comment=share_review_comment,
+            review_timeout_seconds=review_timeout_seconds,
+            on_review_timeout=on_review_timeout,
+            review_timeout_reason=review_timeout_reason,
         )
 
     return wrap
@@ -111,12 +147,35 @@ class Agent:
     time_limit: float | None = None  # seconds per attempt; None = RUNS_DEFAULT_TIME_LIMIT
     input_schema: dict[str, Any] | None = None
     output_schema: dict[str, Any] | None = None
+    # How long a review of any of its calls may take (a tool may override it), and what the
+    # reaper does once it has passed: "decline" (with the reason), "cancel", or None.
+    review_timeout_seconds: float | None = None
+    on_review_timeout: str | None = None
+    review_timeout_reason: str = ""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
         duplicates = {n for n in names if names.count(n) > 1}
         if duplicates:
             raise ValueError(f"agent {self.id}: duplicate tool names {sorted(duplicates)}")
+        _check_review_options(
+            f"agent {self.id}", self.review_timeout_seconds, self.on_review_timeout
+        )
+
+    def review_policy(self, tool_name: str | None) -> ReviewPolicy | None:
+        """The review deadline of a call to `tool_name`: the tool's settings over the agent's."""
+        tool = self.get_tool(tool_name) if tool_name else None
+        seconds = self.review_timeout_seconds
+        action = self.on_review_timeout
+        reason = self.review_timeout_reason
+        if tool is not None:
+            if tool.review_timeout_seconds is not None:
+                seconds = tool.review_timeout_seconds
+            action = tool.on_review_timeout or action
+            reason = tool.review_timeout_reason or reason
+        if not seconds:
+            return None
+        return ReviewPolicy(seconds=float(seconds), action=action, reason=reason)
 
     def get_tool(self, name: str) -> Tool | None:
         for t in self.tools:

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from runs.engine.agent import Agent, flatten_agents
+from runs.engine.agent import Agent, ReviewPolicy, flatten_agents
 from runs.exceptions import NotFound
 
 logger = logging.getLogger("runs.engine")
@@ -58,6 +58,12 @@ def tool_description(agent_id: str, tool_name: str | None) -> str:
     agent = all_agents().get(agent_id)
     tool = agent.get_tool(tool_name) if agent is not None and tool_name else None
     return tool.description if tool is not None else ""
+
+
+def review_policy(agent_id: str, tool_name: str | None) -> ReviewPolicy | None:
+    """The review deadline a waiting call of `agent_id` gets (None: no deadline, or a graph)."""
+    agent = all_agents().get(agent_id)
+    return agent.review_policy(tool_name) if agent is not None else None
 
 
 def register(agent: Agent) -> Agent:

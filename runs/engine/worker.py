@@ -268,6 +268,7 @@ class Worker:
                 try:
                     if now >= next_reap:
                         services.runs_reap()
+                        services.reviews_expire()
                         next_reap = now + self.reaper_seconds
                     if now >= next_stuck_scan:
                         self._announce_stuck()

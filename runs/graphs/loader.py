@@ -108,7 +108,12 @@ def _compiled(obj: Any) -> Any:
     raise TypeError(f"expected a compiled graph, a StateGraph or a factory, got {type(obj)!r}")
 
 
-def graph_agent(graph_id: str, graph: Any, *, description: str = "", spec: str = "") -> GraphAgent:
+REVIEW_KEYS = ("review_timeout_seconds", "on_review_timeout", "review_timeout_reason")
+
+
+def graph_agent(
+    graph_id: str, graph: Any, *, description: str = "", spec: str = "", **review: Any
+) -> GraphAgent:
     """Wrap a graph as an agent (tests and plugins use this with registry.register)."""
     graph = _compiled(graph)
     if getattr(graph, "checkpointer", None) not in (None, True, False):
@@ -123,6 +128,7 @@ def graph_agent(graph_id: str, graph: Any, *, description: str = "", spec: str =
         graph=graph,
         spec=spec,
         value_keys=value_keys,
+        **review,  # review deadline of the graph's interrupts (docs/reviews.md)
     )
 
 
@@ -140,12 +146,15 @@ def load_graphs(config: dict[str, Any] | None = None) -> dict[str, GraphAgent]:
                 sys.path.insert(0, folder)
     agents: dict[str, GraphAgent] = {}
     for graph_id, entry in (config.get("graphs") or {}).items():
-        spec, description = entry, ""
+        spec, description, review = entry, "", {}
         if isinstance(entry, dict):
             spec, description = entry.get("path", ""), entry.get("description", "")
+            review = {k: entry[k] for k in REVIEW_KEYS if entry.get(k) is not None}
         try:
             graph = _target(str(spec), base_dir)
-            agents[graph_id] = graph_agent(graph_id, graph, description=description, spec=spec)
+            agents[graph_id] = graph_agent(
+                graph_id, graph, description=description, spec=spec, **review
+            )
         except Exception as exc:
             raise ImproperlyConfigured(
                 f"RUNS_GRAPHS: graph {graph_id!r} ({spec}) failed to load: "

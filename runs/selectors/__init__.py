@@ -30,6 +30,7 @@ from runs.models import (
     ThreadStatus,
     ToolCall,
 )
+from runs.selectors import reviews
 
 # The tenant scope (runs/selectors/scope.py), re-exported: `selectors.visible_runs(user)`.
 from runs.selectors.scope import (
@@ -443,6 +444,9 @@ class RunFilters:
     waiting_longer_than: timedelta | None = None
     pending_longer_than: timedelta | None = None
     top_level_only: bool = True
+    assigned: str | None = None  # "mine" or "unassigned" (claims, selectors/reviews.py)
+    viewer: str = ""  # whose "mine"
+    overdue: bool = False  # a waiting call is past its review deadline
 
 
 def stuck_condition(now: datetime | None = None, minutes: int | None = None) -> Q:
@@ -498,6 +502,10 @@ def runs_filtered(filters: RunFilters, *, user: Any) -> QuerySet[Run]:
             status=RunStatus.SUSPENDED,
             suspended_at__lt=timezone.now() - filters.waiting_longer_than,
         )
+    if filters.assigned:
+        qs = qs.filter(reviews.assigned_condition(filters.assigned, filters.viewer))
+    if filters.overdue:
+        qs = qs.filter(reviews.overdue_condition())
     return qs
 
 
@@ -531,6 +539,7 @@ ACTIVITY_KINDS = (
     "finished",
     "lease_expired",
     "retry",
+    "review_overdue",
 )
 
 
@@ -554,6 +563,7 @@ class Overview:
     stuck_total: int
     activity: list[RunEvent]
     hourly: list[HourBucket]
+    reviews_overdue: int = 0
 
 
 def runs_ended_per_hour(
@@ -612,6 +622,7 @@ def dashboard_overview(*, user: Any, limit: int = 8) -> Overview:
         stuck_total=stuck.count(),
         activity=activity_feed(user=scope),
         hourly=runs_ended_per_hour(user=scope),
+        reviews_overdue=reviews.reviews_overdue_count(user=scope),
     )
 
 

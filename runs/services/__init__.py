@@ -7,7 +7,8 @@ notification never arrives before the row it talks about. Lock order and fencing
 
 `from runs import services; services.run_cancel(...)` is the way in; the modules are:
 threads, runs (create), queue (claim/heartbeat/reap/release), steps, finish, cancel,
-decisions, agent_inbox (a graph's Agent Inbox choices), access, notifications (the webhook and
+decisions, agent_inbox (a graph's Agent Inbox choices), claims (who reviews a waiting call),
+review_deadlines (the reaper's half of review deadlines), access, notifications (the webhook and
 e-mail outbox, written with each suspend/end), search (the runs' search documents),
 saved_views, tenants (staff bound to resources), and core (locks, events, audit, publishing).
 """
@@ -33,6 +34,12 @@ from runs.services.access import (
 )
 from runs.services.agent_inbox import tool_call_inbox_decide
 from runs.services.cancel import run_cancel, run_delete, runs_cancel_many
+from runs.services.claims import (
+    DEFAULT_CLAIM_MINUTES,
+    MAX_CLAIM_MINUTES,
+    tool_call_claim,
+    tool_call_release,
+)
 from runs.services.core import CANCEL_CHANNEL, DEFAULT_DECLINE_TEXT, QUEUE_CHANNEL, REJECT_MESSAGE
 from runs.services.decisions import (
     thread_resume,
@@ -48,6 +55,11 @@ from runs.services.notifications import (
     runs_announce_stuck,
 )
 from runs.services.queue import run_claim, run_heartbeat, run_release, run_set_deadline, runs_reap
+from runs.services.review_deadlines import (
+    DEADLINE_ACTOR,
+    review_deadline_passed,
+    reviews_expire,
+)
 from runs.services.runs import run_create, run_create_child
 from runs.services.saved_views import saved_view_create, saved_view_delete, saved_view_rename
 from runs.services.search import search_refresh, search_refresh_thread
@@ -63,8 +75,11 @@ from runs.services.threads import (
 
 __all__ = [
     "CANCEL_CHANNEL",
+    "DEADLINE_ACTOR",
+    "DEFAULT_CLAIM_MINUTES",
     "DEFAULT_DECLINE_TEXT",
     "GROUP_PERMISSIONS",
+    "MAX_CLAIM_MINUTES",
     "QUEUE_CHANNEL",
     "REJECT_MESSAGE",
     "Actor",
@@ -81,6 +96,8 @@ __all__ = [
     "deliveries_claim",
     "delivery_record",
     "groups_ensure",
+    "review_deadline_passed",
+    "reviews_expire",
     "run_acknowledge_cancel",
     "run_cancel",
     "run_claim",
@@ -113,7 +130,9 @@ __all__ = [
     "thread_update_state",
     "tool_call_answer",
     "tool_call_approve",
+    "tool_call_claim",
     "tool_call_decline",
     "tool_call_inbox_decide",
+    "tool_call_release",
     "tool_call_update",
 ]

@@ -27,7 +27,8 @@ from runs.engine.registry import all_agents
 from runs.exceptions import Conflict, ValidationFailed
 from runs.graphs.loader import is_graph_agent
 from runs.models import PENDING_DECISION_STATUSES, Run
-from runs.services.core import _check_json_size, _check_scope, _lock_run
+from runs.services.claims import check_claim
+from runs.services.core import _check_json_size, _check_scope, _lock_run, _now
 from runs.services.decisions import (
     _after_decision,
     _decide,
@@ -74,8 +75,10 @@ def tool_call_inbox_decide(
     args: JSONObject | None = None,
     text: str = "",
     pinned_resource_id: str | None = None,
+    take_over: bool = False,
 ) -> Run:
-    """Decide a graph's Agent Inbox request with one of the choices its config allows."""
+    """Decide a graph's Agent Inbox request with one of the choices its config allows
+    (a call another reviewer claimed needs `take_over`)."""
     _check_scope(run, pinned_resource_id, "Run")
     if choice not in CHOICES:
         raise ValidationFailed.field("choice", f"expected one of {', '.join(CHOICES)}")
@@ -88,6 +91,7 @@ def tool_call_inbox_decide(
         locked = _lock_run(run.id)
         tc = _pick_tool_call(locked, tool_call_id, "decide")
         _ensure_waiting(tc, PENDING_DECISION_STATUSES, "decided")
+        check_claim(locked, tc, actor, take_over=take_over, now=_now())
         request = agent_inbox_request(locked.agent_id, tc.suspend_payload)
         if request is None:
             raise Conflict(

@@ -23,6 +23,7 @@ from runs.models import (
 )
 from runs.services import conventions
 from runs.services.cancel import _cancel_locked
+from runs.services.claims import check_claim
 from runs.services.core import (
     QUEUE_CHANNEL,
     _append_events,
@@ -102,6 +103,7 @@ def tool_call_approve(
     args: JSONObject | None = None,
     comment: str = "",
     pinned_resource_id: str | None = None,
+    take_over: bool = False,
 ) -> Run:
     """Approve a tool call awaiting approval, optionally with edited arguments and a comment
     (stored, audited, and shown to the model when the tool declares share_review_comment)."""
@@ -111,6 +113,7 @@ def tool_call_approve(
         locked = _lock_run(run.id)
         tc = _pick_tool_call(locked, tool_call_id, "approve")
         _ensure_waiting(tc, (ToolCallStatus.AWAITING_APPROVAL,), "approved")
+        check_claim(locked, tc, actor, take_over=take_over, now=_now())
         if args is not None:
             _validate_edited_args(locked, tc, args)
         _decide(locked, tc, decision="approved", actor=actor, args=args, comment=comment)
@@ -142,8 +145,11 @@ def tool_call_decline(
     tool_call_id: str | None = None,
     reason: str = "",
     pinned_resource_id: str | None = None,
+    take_over: bool = False,
 ) -> Run:
-    """Decline a waiting tool call; the model gets the reason instead of a result."""
+    """Decline a waiting tool call; the model gets the reason instead of a result.
+
+    A call another reviewer has claimed is refused (ClaimedByOther) unless `take_over`."""
     _check_scope(run, pinned_resource_id, "Run")
     if reason is not None and len(reason) > 10_000:
         raise ValidationFailed.field(
@@ -155,6 +161,7 @@ def tool_call_decline(
         locked = _lock_run(run.id)
         tc = _pick_tool_call(locked, tool_call_id, "decline")
         _ensure_waiting(tc, PENDING_DECISION_STATUSES, "declined")
+        check_claim(locked, tc, actor, take_over=take_over, now=_now())
         _decide(locked, tc, decision="declined", actor=actor, reason=reason or "")
         return _after_decision(locked, actor)
 
@@ -166,6 +173,7 @@ def tool_call_answer(
     resume_data: JSONValue,
     tool_call_id: str | None = None,
     pinned_resource_id: str | None = None,
+    take_over: bool = False,
 ) -> Run:
     """Give a tool that called ctx.suspend() the data it asked for (checked against its schema)."""
     _check_scope(run, pinned_resource_id, "Run")
@@ -173,6 +181,7 @@ def tool_call_answer(
         locked = _lock_run(run.id)
         tc = _pick_tool_call(locked, tool_call_id, "answer")
         _ensure_waiting(tc, (ToolCallStatus.AWAITING_INPUT,), "answered")
+        check_claim(locked, tc, actor, take_over=take_over, now=_now())
         _validate_resume_data(tc, resume_data)
         _decide(locked, tc, decision="answered", actor=actor, resume_data=resume_data)
         return _after_decision(locked, actor)

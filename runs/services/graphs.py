@@ -20,6 +20,7 @@ from django.db.models import Q
 
 from runs import metrics
 from runs.contracts import Actor, FenceResult, Lease
+from runs.engine.registry import review_policy
 from runs.exceptions import Conflict
 from runs.models import (
     ACTIVE_STATUSES,
@@ -55,6 +56,7 @@ from runs.services.decisions import (
     _waiting_calls,
 )
 from runs.services.notifications import _announce
+from runs.services.review_deadlines import review_deadline_fields
 from runs.webhooks import validate_url
 
 Event = tuple[str, dict[str, Any], str]
@@ -280,6 +282,7 @@ def graph_run_suspend(
                     "decided_at": None,
                     "step": w.get("step", 0),
                     "suspended_at": now,
+                    **review_deadline_fields(review_policy(lease.agent_id, None), now),
                 },
             )
         Run.objects.filter(id=lease.run_id).update(

@@ -17,7 +17,7 @@ from runs.contracts import (
     SuspendPlan,
     interrupt_of,
 )
-from runs.engine.registry import tool_description
+from runs.engine.registry import review_policy, tool_description
 from runs.models import (
     CancelAction,
     Checkpoint,
@@ -44,6 +44,7 @@ from runs.services.core import (
     logger,
 )
 from runs.services.notifications import _announce
+from runs.services.review_deadlines import review_deadline_fields
 from runs.services.search import search_refresh
 
 
@@ -154,6 +155,7 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: JSONObject | None = Non
             fence = outer_fence if plan is plans[-1] else _fence(plan.lease, events=1)
             interrupts = []
             for w in plan.waiting:
+                policy = review_policy(plan.lease.agent_id, w.get("tool_name"))
                 ToolCall.objects.filter(
                     run_id=plan.lease.run_id, tool_call_id=w["tool_call_id"]
                 ).update(
@@ -162,6 +164,7 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: JSONObject | None = Non
                     suspend_payload=w.get("suspend_payload"),
                     resume_schema=w.get("resume_schema"),
                     suspended_at=now,
+                    **review_deadline_fields(policy, now),
                 )
                 description = tool_description(plan.lease.agent_id, w.get("tool_name"))
                 interrupts.append(interrupt_of({**w, "description": description}))

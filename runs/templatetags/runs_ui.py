@@ -292,6 +292,13 @@ def _event_summary(event: Any) -> str:
         if data.get("comment"):
             text += f" · “{data['comment']}”"
         return text
+    if kind in ("claimed", "assigned"):
+        return f"{data.get('tool_name', '?')} {kind} for {data.get('claimed_by', '?')}"
+    if kind == "released":
+        return f"{data.get('tool_name', '?')} released"
+    if kind == "review_overdue":
+        action = data.get("action") or "marked overdue"
+        return f"{data.get('tool_name', '?')} review deadline passed ({action})"
     if kind == "cancel_requested":
         return f"{data.get('action', 'cancel')} requested"
     if kind == "cancelled":

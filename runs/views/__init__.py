@@ -36,7 +36,13 @@ from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
 from runs import selectors, services
-from runs.exceptions import AlreadyDecided, NotFound, RunsError, ValidationFailed
+from runs.exceptions import (
+    AlreadyDecided,
+    ClaimedByOther,
+    NotFound,
+    RunsError,
+    ValidationFailed,
+)
 from runs.forms import (
     PAGE_SIZE,
     AuditFilterForm,
@@ -138,7 +144,11 @@ def overview(request: HtmxHttpRequest) -> HttpResponse:
 @dashboard_view
 def inbox(request: HtmxHttpRequest) -> HttpResponse:
     form = InboxFilterForm(request.GET)
-    runs = selectors.inbox(form.run_filters(), user=request.user, oldest_first=form.oldest_first)
+    runs = selectors.inbox(
+        form.run_filters(viewer=request.user.get_username()),
+        user=request.user,
+        oldest_first=form.oldest_first,
+    )
     page = Paginator(runs, PAGE_SIZE).get_page(form.page_number)
     context = {
         "form": form,
@@ -156,6 +166,7 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
         "runs/inbox.html",
         {
             **context,
+            "reviewer_names": selectors.reviews.reviewer_names(),
             "live_url": _live_url(
                 "/ws/runs/", request, view="inbox", at=time.time(), page=page.number
             ),
@@ -463,6 +474,10 @@ def _decision_error(
     exc: RunsError,
     origin: str,
 ) -> HttpResponse:
+    if isinstance(exc, ClaimedByOther):
+        from runs.views.reviews import take_over_confirm  # imports this module
+
+        return take_over_confirm(request, run_id, exc, origin)
     already = _already_decided(request, run_id)
     text = already or exc.detail
     level = "warning" if already or isinstance(exc, AlreadyDecided) else "error"
@@ -561,7 +576,12 @@ def tool_call_approve(
         args = edit_form.data_value()
     try:
         services.tool_call_approve(
-            run=tc.run, actor=request.user, tool_call_id=tc.tool_call_id, args=args, comment=comment
+            run=tc.run,
+            actor=request.user,
+            tool_call_id=tc.tool_call_id,
+            args=args,
+            comment=comment,
+            take_over=_take_over(request),
         )
     except ValidationFailed as exc:
         if edit_form is None or _names_field(exc, "comment"):
@@ -593,6 +613,7 @@ def tool_call_decline(
             actor=request.user,
             tool_call_id=tc.tool_call_id,
             reason=form.cleaned_data["reason"],
+            take_over=_take_over(request),
         )
     except RunsError as exc:
         return _decision_error(request, run_id, exc, origin)
@@ -616,6 +637,7 @@ def tool_call_answer(
             actor=request.user,
             tool_call_id=tc.tool_call_id,
             resume_data=form.data_value(),
+            take_over=_take_over(request),
         )
     except ValidationFailed as exc:
         form.add_service_errors(exc, "resume_data")
@@ -659,6 +681,7 @@ def _inbox_choice(
             choice=choice,
             args=args,
             text=form.cleaned_data["text"],
+            take_over=_take_over(request),
         )
     except ValidationFailed as exc:
         if edit_form is None:
@@ -668,6 +691,11 @@ def _inbox_choice(
     except RunsError as exc:
         return _decision_error(request, run_id, exc, origin)
     return _done(request, run_id, INBOX_DONE[choice], origin)
+
+
+def _take_over(request: HtmxHttpRequest) -> bool:
+    """The reviewer confirmed deciding a call another reviewer holds (runs/views/reviews.py)."""
+    return request.POST.get("take_over") == "1"
 
 
 def _origin(request: HtmxHttpRequest) -> str:

@@ -268,8 +268,33 @@
     return future ? "in " + t : t + " ago";
   }
 
+  // A review deadline counts down: "12 min left", then "overdue by 3 min" (styled overdue).
+  function deadlineText(date) {
+    var s = (date.getTime() - Date.now()) / 1000, left = s > 0;
+    s = Math.abs(s);
+    var t = s < 60 ? Math.floor(s) + " s" : s < 3600 ? Math.floor(s / 60) + " min"
+      : s < 86400 ? Math.floor(s / 3600) + " h" : Math.floor(s / 86400) + " d";
+    return left ? t + " left" : "overdue by " + t;
+  }
+
+  // Claims are rendered the same for every viewer; the holder's own controls show by class.
+  function markClaims() {
+    var me = body().dataset.user || "";
+    document.querySelectorAll(".claim[data-claimed-by]").forEach(function (el) {
+      el.classList.toggle("mine", !!me && el.dataset.claimedBy === me);
+    });
+  }
+
   function refreshTimes() {
-    document.querySelectorAll("time[datetime]").forEach(function (el) {
+    markClaims();
+    document.querySelectorAll("time[data-deadline]").forEach(function (el) {
+      var d = new Date(el.getAttribute("datetime"));
+      if (isNaN(d)) return;
+      var text = deadlineText(d);
+      if (el.textContent !== text) el.textContent = text;
+      el.classList.toggle("overdue", d.getTime() <= Date.now());
+    });
+    document.querySelectorAll("time[datetime]:not([data-deadline])").forEach(function (el) {
       var d = new Date(el.getAttribute("datetime"));
       if (isNaN(d)) return;
       var text = relative(d);
