@@ -525,6 +525,7 @@ class NotificationEvent(models.TextChoices):
     TIMEOUT = "timeout"
     INTERRUPTED = "interrupted"
     STUCK = "stuck"
+    REVIEW_OVERDUE = "review_overdue"  # a waiting tool call passed its review deadline
 
 
 class WebhookFormat(models.TextChoices):

@@ -311,3 +311,34 @@ def test_a_graph_interrupt_gets_the_deadline_of_its_config_and_is_declined(
     assert run.status == RunStatus.SUCCESS
     assert run.output["status"] == "rejected"
     assert run.output["decision"]["approved"] is False
+
+
+def test_a_rule_hears_an_overdue_review_once_by_e_mail(drain, settings) -> None:
+    from django.contrib.auth.models import Group, User
+    from django.core import mail
+
+    from runs.engine.delivery import deliver_due
+    from runs.models import Delivery, NotificationRule
+
+    group = Group.objects.create(name="Refund leads")
+    User.objects.create_user(username="lee", email="lee@example.com").groups.add(group)
+    NotificationRule.objects.create(
+        name="late refunds", agent_id="refund", events=["review_overdue"], email_group=group
+    )
+    run = suspended(drain)
+    assert Delivery.objects.count() == 0  # the rule does not listen for "suspended"
+
+    services.reviews_expire(now=later(31))
+    services.reviews_expire(now=later(32))  # a second pass announces nothing more
+
+    [delivery] = Delivery.objects.all()
+    assert (delivery.event, delivery.run_id, delivery.channel) == (
+        "review_overdue",
+        run.id,
+        "email",
+    )
+    deliver_due(owner="test")
+    [message] = mail.outbox
+    assert message.to == ["lee@example.com"]
+    assert "review is overdue" in message.subject
+    assert f"/runs/{run.id}/" in message.body

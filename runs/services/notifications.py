@@ -101,6 +101,8 @@ def _summary(run: Run, event: str) -> str:
         return f"{head} looks stuck ({run.status}, no progress for a while)"
     if event == NotificationEvent.INTERRUPTED:
         return f"{head} was cancelled"
+    if event == NotificationEvent.REVIEW_OVERDUE:
+        return f"{head}: a review is overdue (past its deadline)"
     return f"{head} ended {run.status}"
 
 

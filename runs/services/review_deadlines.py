@@ -25,6 +25,7 @@ from runs.exceptions import RunsError
 from runs.models import (
     PENDING_DECISION_STATUSES,
     CancelAction,
+    NotificationEvent,
     ReviewTimeoutAction,
     Run,
     RunStatus,
@@ -33,6 +34,7 @@ from runs.models import (
 from runs.services.cancel import run_cancel
 from runs.services.core import _append_events, _lock_run, _lock_timeout, _now, _publish, logger
 from runs.services.decisions import tool_call_decline
+from runs.services.notifications import _announce
 
 DEADLINE_ACTOR = "system:deadline"
 DEFAULT_TIMEOUT_REASON = "Nobody reviewed this tool call before its review deadline."
@@ -114,6 +116,8 @@ def _expire_one(tc_id: Any, run_id: Any, now: datetime) -> str | None:
         # here): the new seq re-renders the inbox row and the overview live.
         data = {"tool_call_id": tc.tool_call_id, "tool_name": tc.tool_name, "action": action}
         run.last_seq = _append_events(run.id, [("review_overdue", data, DEADLINE_ACTOR)])
+        # Rules that listen for overdue reviews hear it in this transaction (the outbox).
+        _announce(run, NotificationEvent.REVIEW_OVERDUE)
         if action == ReviewTimeoutAction.DECLINE:
             # The same decline a reviewer makes; a claim does not hold the deadline back.
             tool_call_decline(
