@@ -254,6 +254,7 @@ class Worker:
         logger.info("worker %s started (concurrency %d)", self.owner, self.concurrency)
         next_heartbeat = time.monotonic() + self.heartbeat_seconds
         next_reap = time.monotonic()
+        next_prune = time.monotonic()
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
@@ -262,6 +263,11 @@ class Worker:
                     if now >= next_reap:
                         services.runs_reap()
                         next_reap = now + self.reaper_seconds
+                    if now >= next_prune:
+                        # Bounded in time: a big backlog is pruned over many ticks, with claims
+                        # in between (services.runs_prune skips rows the engine holds).
+                        services.retention_apply(time_budget=settings.RUNS_PRUNE_BUDGET_SECONDS)
+                        next_prune = now + settings.RUNS_PRUNE_INTERVAL_SECONDS
                     if now >= next_heartbeat:
                         self._heartbeat()
                         next_heartbeat = now + self.heartbeat_seconds

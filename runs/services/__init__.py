@@ -7,7 +7,8 @@ notification never arrives before the row it talks about. Lock order and fencing
 
 `from runs import services; services.run_cancel(...)` is the way in; the modules are:
 threads, runs (create), queue (claim/heartbeat/reap/release), steps, finish, cancel,
-decisions, agent_inbox (a graph's Agent Inbox choices), access, and core (locks, events,
+decisions, retry, retention (pruning), agent_inbox (a graph's Agent Inbox choices), access,
+and core (locks, events,
 audit, publishing).
 """
 
@@ -41,12 +42,22 @@ from runs.services.decisions import (
 )
 from runs.services.finish import run_acknowledge_cancel, run_fail_attempt, run_finish
 from runs.services.queue import run_claim, run_heartbeat, run_release, run_set_deadline, runs_reap
+from runs.services.retention import (
+    PruneResult,
+    audit_prune,
+    prunable_runs,
+    retention_apply,
+    runs_prune,
+    threads_prune,
+)
+from runs.services.retry import RETRY_MANY_LIMIT, RetryManyResult, run_retry, runs_retry_many
 from runs.services.runs import run_create, run_create_child
 from runs.services.steps import run_emit, run_save_steps, run_suspend, tool_call_update
 from runs.services.threads import (
     thread_create,
     thread_delete,
     thread_resolve_suspended,
+    thread_ttl_minutes,
     thread_update,
     thread_update_state,
 )
@@ -57,18 +68,24 @@ __all__ = [
     "GROUP_PERMISSIONS",
     "QUEUE_CHANNEL",
     "REJECT_MESSAGE",
+    "RETRY_MANY_LIMIT",
     "Actor",
     "BulkCancelResult",
     "ClaimedRun",
     "FenceResult",
     "Lease",
+    "PruneResult",
+    "RetryManyResult",
     "StepWrite",
     "SuspendPlan",
     "actor_name",
     "api_key_create",
     "api_key_revoke",
     "api_key_touch",
+    "audit_prune",
     "groups_ensure",
+    "prunable_runs",
+    "retention_apply",
     "run_acknowledge_cancel",
     "run_cancel",
     "run_claim",
@@ -80,17 +97,22 @@ __all__ = [
     "run_finish",
     "run_heartbeat",
     "run_release",
+    "run_retry",
     "run_save_steps",
     "run_set_deadline",
     "run_suspend",
     "runs_cancel_many",
+    "runs_prune",
     "runs_reap",
+    "runs_retry_many",
     "thread_create",
     "thread_delete",
     "thread_resolve_suspended",
     "thread_resume",
+    "thread_ttl_minutes",
     "thread_update",
     "thread_update_state",
+    "threads_prune",
     "tool_call_answer",
     "tool_call_approve",
     "tool_call_decline",

@@ -1,0 +1,287 @@
+"""Retention: delete old ended runs (and threads they leave empty), old audit entries, and
+threads by LangGraph's `POST /threads/prune`.
+
+Pruning shares the tables with the queue, so it never waits behind the engine: each batch is
+its own short transaction with a lock timeout, takes only rows nobody holds (`SKIP LOCKED`),
+and a thread with a pending, running or suspended run is never touched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from django.conf import settings
+from django.db import OperationalError, connection, transaction
+from django.db.models import Exists, OuterRef, Q, QuerySet
+
+from runs.contracts import Actor
+from runs.exceptions import Unsupported, ValidationFailed
+from runs.models import (
+    ACTIVE_STATUSES,
+    TERMINAL_STATUSES,
+    AuditEntry,
+    Checkpoint,
+    GraphCheckpoint,
+    GraphWrite,
+    Run,
+    Thread,
+)
+from runs.services.core import _audit, _is_postgres, _now, logger
+from runs.services.threads import thread_delete
+
+DEFAULT_BATCH_SIZE = 500
+# Long enough for a normal write to finish, short enough that a claim queued behind a prune
+# batch never waits long (claims skip the rows we lock anyway).
+PRUNE_LOCK_TIMEOUT_MS = 200
+PRUNE_STRATEGIES = ("delete", "keep_latest")
+
+
+@dataclass
+class PruneResult:
+    runs: int = 0
+    threads: int = 0
+    batches: int = 0
+    dry_run: bool = False
+    complete: bool = True  # False: stopped at the time budget, more is left
+
+
+def _statuses(statuses: Iterable[str] | None) -> list[str]:
+    chosen = [str(s) for s in (statuses or TERMINAL_STATUSES)]
+    bad = [s for s in chosen if s not in TERMINAL_STATUSES]
+    if bad:
+        allowed = ", ".join(TERMINAL_STATUSES)
+        raise ValidationFailed.field(
+            "status",
+            f"must be ended statuses ({allowed})",
+            detail=f"status {', '.join(map(repr, bad))} cannot be pruned; only {allowed} runs",
+        )
+    return chosen
+
+
+def prunable_runs(*, cutoff: datetime, statuses: Iterable[str] | None = None) -> QuerySet[Run]:
+    """Top-level ended runs that ended before `cutoff`, on threads with nothing in flight."""
+    active_on_thread = Run.objects.filter(
+        thread_id=OuterRef("thread_id"), status__in=ACTIVE_STATUSES
+    )
+    return Run.objects.filter(
+        Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, created_at__lt=cutoff),
+        parent_run__isnull=True,
+        status__in=_statuses(statuses),
+    ).filter(~Exists(active_on_thread))
+
+
+def runs_prune(
+    *,
+    older_than: timedelta,
+    statuses: Sequence[str] | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    dry_run: bool = False,
+    time_budget: float | None = None,
+    actor: Actor = None,
+) -> PruneResult:
+    """Delete ended runs older than `older_than` with their events, checkpoints, tool calls,
+    graph checkpoints and writes, and the threads left empty (not touched within the window).
+
+    Pending, running and suspended runs and their threads are never touched; the audit log is
+    kept. Each batch commits on its own; `time_budget` (seconds) bounds one call so the worker
+    can run it between claims. One audit entry sums up the call.
+    """
+    if older_than < timedelta(0):
+        raise ValidationFailed.field("older_than", "must not be negative")
+    if batch_size < 1:
+        raise ValidationFailed.field("batch_size", "must be at least 1")
+    chosen = _statuses(statuses)
+    cutoff = _now() - older_than
+    result = PruneResult(dry_run=dry_run)
+    if dry_run:
+        result.runs = prunable_runs(cutoff=cutoff, statuses=chosen).count()
+        return result
+    started = time.monotonic()
+    while True:
+        if time_budget is not None and time.monotonic() - started > time_budget:
+            result.complete = False
+            break
+        try:
+            runs, threads, more = _prune_batch(cutoff=cutoff, statuses=chosen, size=batch_size)
+        except OperationalError as exc:
+            # Lock timeout: someone is using these rows; the next call takes them.
+            logger.info("prune: batch gave way to a lock (%s); stopping this pass", exc)
+            result.complete = False
+            break
+        result.batches += 1
+        result.runs += runs
+        result.threads += threads
+        if not more:
+            break
+    if result.runs or result.threads:
+        _audit(
+            actor=actor,
+            action="prune",
+            reason=f"runs ended before {cutoff.isoformat()}",
+            after={
+                "runs": result.runs,
+                "threads": result.threads,
+                "statuses": chosen,
+                "older_than_seconds": older_than.total_seconds(),
+            },
+        )
+        logger.info("prune: deleted %d run(s) and %d thread(s)", result.runs, result.threads)
+    return result
+
+
+def _prune_batch(*, cutoff: datetime, statuses: list[str], size: int) -> tuple[int, int, bool]:
+    """One batch in one transaction: returns (runs deleted, threads deleted, maybe more)."""
+    with transaction.atomic():
+        if _is_postgres():
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET LOCAL lock_timeout = '{PRUNE_LOCK_TIMEOUT_MS}ms'")
+        candidates = list(
+            prunable_runs(cutoff=cutoff, statuses=statuses)
+            .select_for_update(skip_locked=True, of=("self",))
+            .order_by("finished_at", "id")
+            .values_list("id", "thread_id")[:size]
+        )
+        if not candidates:
+            return 0, 0, False
+        thread_ids = sorted({t for _, t in candidates if t is not None})
+        # FOR UPDATE (not NO KEY): a run being created on the thread waits for this short batch
+        # or, if it got there first, we skip the thread. Either way nothing new lands on a
+        # thread while we decide whether it is empty.
+        locked = set(
+            Thread.objects.select_for_update(skip_locked=True)
+            .filter(id__in=thread_ids)
+            .values_list("id", flat=True)
+        )
+        # Re-checked under the thread locks: a run created on the thread since the candidate
+        # query keeps the thread and its history.
+        busy = set(
+            Run.objects.filter(thread_id__in=locked, status__in=ACTIVE_STATUSES).values_list(
+                "thread_id", flat=True
+            )
+        )
+        run_ids = [r for r, t in candidates if t is None or (t in locked and t not in busy)]
+        threads = {t for _, t in candidates if t in locked and t not in busy}
+        kept = set(
+            Run.objects.filter(thread_id__in=threads, parent_run__isnull=True)
+            .exclude(id__in=run_ids)
+            .values_list("thread_id", flat=True)
+        )
+        emptied = set(
+            Thread.objects.filter(id__in=threads - kept, updated_at__lt=cutoff).values_list(
+                "id", flat=True
+            )
+        )
+        _keep_thread_state(threads - emptied, run_ids)
+        Thread.objects.filter(id__in=emptied).delete()
+        Run.objects.filter(id__in=run_ids).delete()
+        # Everything the candidate query saw was either deleted or is held by someone else.
+        more = len(candidates) == size
+    return len(run_ids), len(emptied), more
+
+
+def _keep_thread_state(thread_ids: Iterable[UUID], run_ids: list[UUID]) -> None:
+    """A thread that stays keeps its state: its latest checkpoint (and, for a graph thread, the
+    latest checkpoint of each namespace with its writes) is detached from a run we delete."""
+    for thread_id in thread_ids:
+        latest = (
+            Checkpoint.objects.filter(thread_id=thread_id)
+            .order_by("-created_at", "-id")
+            .values_list("id", flat=True)
+            .first()
+        )
+        if latest is not None:
+            Checkpoint.objects.filter(id=latest, run_id__in=run_ids).update(run=None, parent=None)
+        namespaces = (
+            GraphCheckpoint.objects.filter(thread_id=thread_id, run_id__in=run_ids)
+            .values_list("checkpoint_ns", flat=True)
+            .distinct()
+        )
+        for ns in list(namespaces):
+            newest = (
+                GraphCheckpoint.objects.filter(thread_id=thread_id, checkpoint_ns=ns)
+                .order_by("-checkpoint_id")
+                .values_list("checkpoint_id", flat=True)
+                .first()
+            )
+            if newest is None:
+                continue
+            GraphCheckpoint.objects.filter(
+                thread_id=thread_id, checkpoint_ns=ns, checkpoint_id=newest
+            ).update(run=None)
+            GraphWrite.objects.filter(
+                thread_id=thread_id, checkpoint_ns=ns, checkpoint_id=newest
+            ).update(run=None)
+
+
+def retention_apply(*, time_budget: float | None = None) -> PruneResult | None:
+    """The workers' periodic prune: RUNS_RETENTION_DAYS for runs, RUNS_AUDIT_RETENTION_DAYS
+    for the audit log; None when neither is set (keep forever)."""
+    result = None
+    if settings.RUNS_RETENTION_DAYS is not None:
+        result = runs_prune(
+            older_than=timedelta(days=settings.RUNS_RETENTION_DAYS),
+            time_budget=time_budget,
+            actor="system:retention",
+        )
+    if settings.RUNS_AUDIT_RETENTION_DAYS is not None:
+        audit = audit_prune(older_than=timedelta(days=settings.RUNS_AUDIT_RETENTION_DAYS))
+        result = result or PruneResult()
+        result.batches += audit.batches
+    return result
+
+
+def audit_prune(
+    *, older_than: timedelta, batch_size: int = 5000, dry_run: bool = False
+) -> PruneResult:
+    """Delete audit entries older than `older_than` (RUNS_AUDIT_RETENTION_DAYS), in batches."""
+    if older_than < timedelta(0):
+        raise ValidationFailed.field("older_than", "must not be negative")
+    old = AuditEntry.objects.filter(created_at__lt=_now() - older_than)
+    result = PruneResult(dry_run=dry_run)
+    if dry_run:
+        result.runs = old.count()
+        return result
+    while True:
+        ids = list(old.order_by("id").values_list("id", flat=True)[:batch_size])
+        if not ids:
+            break
+        with transaction.atomic():
+            AuditEntry.objects.filter(id__in=ids).delete()
+        result.batches += 1
+        result.runs += len(ids)
+    return result
+
+
+def threads_prune(
+    *,
+    thread_ids: Sequence[UUID],
+    strategy: str = "delete",
+    actor: Actor,
+    pinned_resource_id: str | None = None,
+) -> int:
+    """LangGraph `POST /threads/prune`: delete the given threads (strategy "delete"), like
+    `DELETE /threads/{id}` each. Unknown ids, and threads outside the caller's resource, are
+    not counted. Returns how many were pruned."""
+    if strategy not in PRUNE_STRATEGIES:
+        raise ValidationFailed.field(
+            "strategy",
+            "must be delete or keep_latest",
+            detail=f"strategy must be 'delete' or 'keep_latest'; got {strategy!r}",
+        )
+    if strategy == "keep_latest":
+        raise Unsupported(
+            "strategy",
+            "strategy 'keep_latest' is not supported by Runsite; use 'delete'",
+        )
+    qs = Thread.objects.filter(id__in=list(thread_ids))
+    if pinned_resource_id is not None:
+        qs = qs.filter(resource_id=pinned_resource_id)
+    pruned = 0
+    for thread in qs.order_by("id"):
+        thread_delete(thread=thread, actor=actor)
+        pruned += 1
+    return pruned
