@@ -132,7 +132,7 @@ def runs_retry_many(
     new_thread: bool = False,
     reason: str = "",
     pinned_resource_id: str | None = None,
-    limit: int = RETRY_MANY_LIMIT,
+    limit: int | None = None,
 ) -> RetryManyResult:
     """Retry many ended runs, each with its own input, each in its own transaction.
 
@@ -140,6 +140,7 @@ def runs_retry_many(
     ended, and sub-agent runs, are skipped, as is a run whose input no longer fits its agent's
     schema: a bulk action must not fail because of one run. More than `limit`: refused.
     """
+    limit = RETRY_MANY_LIMIT if limit is None else limit
     if (run_ids is None) == (queryset is None):
         raise ValidationFailed.field("run_ids", "give either run_ids or a filter")
     qs = queryset if queryset is not None else Run.objects.filter(id__in=list(run_ids or []))
