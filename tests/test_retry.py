@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client
+from django.urls import reverse
 
 from runs import services
 from runs.exceptions import Conflict, ValidationFailed
@@ -261,3 +263,126 @@ def test_the_command_refuses_ids_and_a_status_together(drain) -> None:
     with pytest.raises(CommandError):
         call_command("retryruns", "not-a-uuid", "--yes")
     assert Run.objects.count() == 1
+
+
+# --- the dashboard ---------------------------------------------------------------------------
+
+
+def test_an_ended_runs_page_offers_retry_to_support_only(drain, support, reviewer) -> None:
+    run = ended(drain, input={"q": "hello"})
+    page = signed_in(support).get(reverse("runs:run_detail", args=[run.id]))
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert 'id="run-retry"' in body
+    assert "&quot;q&quot;: &quot;hello&quot;" in body  # the editor is prefilled with the input
+    other = signed_in(reviewer).get(reverse("runs:run_detail", args=[run.id]))
+    assert 'id="run-retry"' not in other.content.decode()
+    pending = services.run_create(agent_id="echo", input={}, after_seconds=3600, actor="t")
+    active = signed_in(support).get(reverse("runs:run_detail", args=[pending.id]))
+    assert 'id="run-retry"' not in active.content.decode()
+
+
+def test_retry_from_the_run_page_links_both_runs(drain, support) -> None:
+    run = ended(drain, input={"q": 3})
+    client = signed_in(support)
+    response = client.post(
+        reverse("runs:run_retry", args=[run.id]),
+        {"input": '{"q": 3}', "reason": "flaky upstream"},
+        headers=HX,
+    )
+    assert response.status_code == 200
+    new = Run.objects.get(retry_of=run)
+    assert response["HX-Redirect"] == reverse("runs:run_detail", args=[new.id])
+    assert new.input == {"q": 3}
+    entry = AuditEntry.objects.get(action="retry")
+    assert (entry.actor, entry.reason) == ("sam", "flaky upstream")
+    assert "input" not in entry.after  # unchanged input is not an edit
+    new_page = client.get(reverse("runs:run_detail", args=[new.id])).content.decode()
+    assert "data-retry-of" in new_page
+    assert reverse("runs:run_detail", args=[run.id]) in new_page
+    old_page = client.get(reverse("runs:run_detail", args=[run.id])).content.decode()
+    assert "data-retried-as" in old_page
+    assert reverse("runs:run_detail", args=[new.id]) in old_page
+
+
+def test_retry_from_the_run_page_checks_the_edited_input(drain, support) -> None:
+    run = ended(drain, agent_id="slow", input={"steps": 0})
+    client = signed_in(support)
+    url = reverse("runs:run_retry", args=[run.id])
+    broken = client.post(url, {"input": '{"steps": '}, headers=HX)
+    assert broken.status_code == 422
+    assert "Not valid JSON" in broken.content.decode()
+    wrong = client.post(url, {"input": '{"steps": "many"}'}, headers=HX)
+    assert wrong.status_code == 422
+    assert "steps" in wrong.content.decode()
+    assert '{"steps": "many"}' in wrong.content.decode().replace("&quot;", '"')
+    assert Run.objects.count() == 1
+    ok = client.post(url, {"input": '{"steps": 1, "delay_ms": 0}', "new_thread": "on"})
+    assert ok.status_code == 302
+    new = Run.objects.get(retry_of=run)
+    assert new.input == {"steps": 1, "delay_ms": 0}
+    assert new.thread_id != run.thread_id
+    assert AuditEntry.objects.get(action="retry").after["input"] == {"steps": 1, "delay_ms": 0}
+
+
+def test_retry_from_the_run_page_refuses_a_run_in_flight(support) -> None:
+    run = services.run_create(agent_id="echo", input={}, after_seconds=3600, actor="t")
+    response = signed_in(support).post(
+        reverse("runs:run_retry", args=[run.id]), {"input": "{}"}, headers=HX
+    )
+    assert response.status_code == 409
+    assert "only ended runs" in response.content.decode()
+    assert Run.objects.count() == 1
+
+
+def test_retry_selected_previews_the_count_then_retries(drain, support) -> None:
+    runs = [ended(drain) for _ in range(3)]
+    busy = services.run_create(agent_id="echo", input={}, after_seconds=3600, actor="t")
+    client = signed_in(support)
+    data = {"run_ids": [str(r.id) for r in [*runs, busy]]}
+    url = reverse("runs:runs_bulk_retry")
+    preview = client.post(url, {**data, "step": "preview"}, headers=HX)
+    assert preview.status_code == 200
+    body = preview.content.decode()
+    assert "data-preview-count>3<" in body
+    assert "1 not ended (skipped)" in body
+    assert Run.objects.count() == 4
+    done = client.post(url, {**data, "step": "confirm", "expected": 3}, headers=HX)
+    assert done.status_code == 200
+    assert "Retried 3 runs; skipped 1." in done.content.decode()
+    assert set(Run.objects.filter(retry_of__isnull=False).values_list("retry_of", flat=True)) == {
+        r.id for r in runs
+    }
+
+
+def test_retry_selected_of_more_than_20_runs_needs_the_count_typed(drain, support) -> None:
+    for _ in range(21):
+        ended(drain)
+    client = signed_in(support)
+    url = reverse("runs:runs_bulk_retry")
+    data = {"all_matching": "on", "status": "success", "step": "confirm", "expected": 21}
+    wrong = client.post(url, {**data, "confirm_text": "20"}, headers=HX)
+    assert wrong.status_code == 422
+    assert not Run.objects.filter(retry_of__isnull=False).exists()
+    done = client.post(url, {**data, "confirm_text": "21"}, headers=HX)
+    assert done.status_code == 200
+    assert Run.objects.filter(retry_of__isnull=False).count() == 21
+
+
+def test_retry_selected_refuses_more_than_the_cap(drain, support, monkeypatch) -> None:
+    ended(drain), ended(drain)
+    monkeypatch.setattr("runs.services.RETRY_MANY_LIMIT", 1)
+    response = signed_in(support).post(
+        reverse("runs:runs_bulk_retry"), {"all_matching": "on", "step": "preview"}, headers=HX
+    )
+    assert response.status_code == 422
+    assert "at most 1 can be retried" in response.content.decode()
+    assert Run.objects.count() == 2
+
+
+def test_the_runs_list_offers_retry_selected_with_ended_runs_selectable(drain, support) -> None:
+    run = ended(drain)
+    body = signed_in(support).get(reverse("runs:run_list")).content.decode()
+    assert "data-bulk-retry" in body
+    row = re.search(rf'<input type="checkbox" name="run_ids" value="{run.id}"[^>]*>', body)
+    assert row is not None and "disabled" not in row.group(0)
