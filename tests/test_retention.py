@@ -375,3 +375,38 @@ def test_pruning_while_workers_claim_never_deletes_an_active_run(start_worker) -
         timeout=120,
     )
     assert Run.objects.filter(id__in=created, status=RunStatus.SUCCESS).count() == len(created)
+
+
+# --- LangGraph graph threads -------------------------------------------------------------------
+
+
+def test_pruning_graph_runs_keeps_a_live_threads_state_and_deletes_an_emptied_one(
+    transactional_db: Any, register_agent: Any, drain: Any, settings: Any
+) -> None:
+    from runs.graphs.loader import load_graphs
+    from runs.models import GraphCheckpoint
+    from tests.test_graphs import graphs_config
+
+    settings.RUNS_API_AUTH = False
+    register_agent(load_graphs(graphs_config())["slow"])
+    gone, kept = services.thread_create(), services.thread_create()
+    runs = [
+        services.run_create(
+            agent_id="slow", thread_id=t.id, input={"steps": 2, "delay_ms": 1}, actor="t"
+        )
+        for t in (gone, kept)
+    ]
+    drain()
+    age(*runs)
+    services.thread_update(thread=kept, metadata={"touched": True})
+    before = Client().get(f"/api/threads/{kept.id}/state").json()
+
+    result = services.runs_prune(older_than=timedelta(days=30))
+
+    assert (result.runs, result.threads) == (2, 1)
+    assert not GraphCheckpoint.objects.filter(thread_id=gone.id).exists()
+    after = Client().get(f"/api/threads/{kept.id}/state")
+    assert after.status_code == 200
+    assert (
+        after.json()["values"] == before["values"] == {"steps": 2, "delay_ms": 1, "items": [0, 1]}
+    )

@@ -386,3 +386,28 @@ def test_the_runs_list_offers_retry_selected_with_ended_runs_selectable(drain, s
     assert "data-bulk-retry" in body
     row = re.search(rf'<input type="checkbox" name="run_ids" value="{run.id}"[^>]*>', body)
     assert row is not None and "disabled" not in row.group(0)
+
+
+# --- LangGraph graphs --------------------------------------------------------------------------
+
+
+def test_it_retries_a_graph_run_with_the_same_input(
+    transactional_db: Any, register_agent: Any, drain: Any
+) -> None:
+    from runs.graphs.loader import load_graphs
+    from tests.test_graphs import graphs_config
+
+    register_agent(load_graphs(graphs_config())["slow"])
+    thread = services.thread_create()
+    run = services.run_create(
+        agent_id="slow", thread_id=thread.id, input={"steps": 2, "delay_ms": 1}, actor="t"
+    )
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS
+    new = services.run_retry(run=run, actor="t", new_thread=True)
+    drain()
+    new.refresh_from_db()
+    assert new.status == RunStatus.SUCCESS
+    assert new.output["items"] == [0, 1]
+    assert new.retry_of_id == run.id
