@@ -196,7 +196,11 @@ def test_a_worker_prunes_periodically_when_retention_is_set(start_worker) -> Non
     age(old)
     start_worker(concurrency=1, RUNS_RETENTION_DAYS="30", RUNS_PRUNE_INTERVAL_SECONDS="1")
     wait_for(lambda: not Run.objects.filter(id=old.id).exists(), timeout=30)
-    assert AuditEntry.objects.filter(action="prune", actor="system:retention").exists()
+    # The summary entry is written once the pass's batches are done.
+    wait_for(
+        lambda: AuditEntry.objects.filter(action="prune", actor="system:retention").exists(),
+        timeout=30,
+    )
 
 
 # --- LangGraph: POST /threads/prune and thread ttl over HTTP ---------------------------------

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 
 from runs.contracts import Actor
 from runs.exceptions import Unsupported, ValidationFailed
@@ -28,7 +28,9 @@ from runs.models import (
     GraphCheckpoint,
     GraphWrite,
     Run,
+    RunEvent,
     Thread,
+    ToolCall,
 )
 from runs.services.core import _audit, _is_postgres, _now, logger
 from runs.services.threads import thread_delete
@@ -67,8 +69,10 @@ def prunable_runs(*, cutoff: datetime, statuses: Iterable[str] | None = None) ->
     active_on_thread = Run.objects.filter(
         thread_id=OuterRef("thread_id"), status__in=ACTIVE_STATUSES
     )
+    # Every way a run ends sets finished_at (finish, cancel, reaper), so this is the partial
+    # index run_ended_idx, walked oldest first.
     return Run.objects.filter(
-        Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, created_at__lt=cutoff),
+        finished_at__lt=cutoff,
         parent_run__isnull=True,
         status__in=_statuses(statuses),
     ).filter(~Exists(active_on_thread))
@@ -176,11 +180,53 @@ def _prune_batch(*, cutoff: datetime, statuses: list[str], size: int) -> tuple[i
             )
         )
         _keep_thread_state(threads - emptied, run_ids)
-        Thread.objects.filter(id__in=emptied).delete()
-        Run.objects.filter(id__in=run_ids).delete()
+        _delete_runs(run_ids)
+        _delete_threads(emptied)
         # Everything the candidate query saw was either deleted or is held by someone else.
         more = len(candidates) == size
     return len(run_ids), len(emptied), more
+
+
+def _delete_runs(run_ids: list[UUID]) -> None:
+    """Delete runs (and their sub-agent runs) with everything that hangs off them.
+
+    Statement by statement in dependency order rather than Django's cascade, which loads every
+    checkpoint and run to follow the SET_NULL relations: one batch is a few index-driven DELETEs.
+    """
+    ids = list(run_ids)
+    frontier = ids
+    while frontier:
+        frontier = list(Run.objects.filter(parent_run_id__in=frontier).values_list("id", flat=True))
+        ids += frontier
+    if not ids:
+        return
+    RunEvent.objects.filter(run_id__in=ids).delete()
+    ToolCall.objects.filter(run_id__in=ids).delete()
+    ToolCall.objects.filter(child_run_id__in=ids).update(child_run=None)
+    doomed = Checkpoint.objects.filter(run_id__in=ids)
+    Checkpoint.objects.filter(parent__in=doomed).exclude(run_id__in=ids).update(parent=None)
+    # _raw_delete: one DELETE. References from outside the set were cleared just above; those
+    # inside it go with it (Django's foreign keys are deferred, checked at commit).
+    doomed._raw_delete(doomed.db)
+    GraphWrite.objects.filter(run_id__in=ids).delete()
+    GraphCheckpoint.objects.filter(run_id__in=ids).delete()
+    Run.objects.filter(retry_of_id__in=ids).exclude(id__in=ids).update(retry_of=None)
+    runs = Run.objects.filter(id__in=ids)
+    runs._raw_delete(runs.db)
+
+
+def _delete_threads(thread_ids: set[UUID]) -> None:
+    """Delete threads whose runs are gone, with their hand-written checkpoints and graph state."""
+    if not thread_ids:
+        return
+    ids = list(thread_ids)
+    doomed = Checkpoint.objects.filter(thread_id__in=ids)
+    Checkpoint.objects.filter(parent__in=doomed).exclude(thread_id__in=ids).update(parent=None)
+    doomed._raw_delete(doomed.db)
+    GraphWrite.objects.filter(thread_id__in=ids).delete()
+    GraphCheckpoint.objects.filter(thread_id__in=ids).delete()
+    threads = Thread.objects.filter(id__in=ids)
+    threads._raw_delete(threads.db)
 
 
 def _keep_thread_state(thread_ids: Iterable[UUID], run_ids: list[UUID]) -> None:
