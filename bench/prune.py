@@ -27,8 +27,8 @@ setup_django()
 from django.core.management import call_command  # noqa: E402
 from django.db import close_old_connections, connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
-
 from engine import queue_echo_runs, reset  # noqa: E402
+
 from runs.models import Run, RunStatus  # noqa: E402
 
 RUNS_PER_THREAD = 10
@@ -148,7 +148,12 @@ def main() -> None:
     feeder = Feeder(backlog=2000)
     feeder.start()
     try:
-        time.sleep(5)  # workers up, queue full
+        # Measure from the moment the workers are claiming (they start slowly on a busy box).
+        started = time.monotonic()
+        while claims_between(time.time() - 2, time.time() + 1)[0] < 20:
+            if time.monotonic() - started > 120:
+                sys.exit("the workers did not start claiming within 120 s")
+            time.sleep(0.5)
         t_before = time.time()
         time.sleep(args.window)
         t_prune = time.time()

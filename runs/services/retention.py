@@ -16,7 +16,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from runs.contracts import Actor
 from runs.exceptions import Unsupported, ValidationFailed
@@ -229,38 +229,35 @@ def _delete_threads(thread_ids: set[UUID]) -> None:
     threads._raw_delete(threads.db)
 
 
-def _keep_thread_state(thread_ids: Iterable[UUID], run_ids: list[UUID]) -> None:
+def _keep_thread_state(thread_ids: set[UUID], run_ids: list[UUID]) -> None:
     """A thread that stays keeps its state: its latest checkpoint (and, for a graph thread, the
-    latest checkpoint of each namespace with its writes) is detached from a run we delete."""
-    for thread_id in thread_ids:
-        latest = (
-            Checkpoint.objects.filter(thread_id=thread_id)
-            .order_by("-created_at", "-id")
-            .values_list("id", flat=True)
-            .first()
-        )
-        if latest is not None:
-            Checkpoint.objects.filter(id=latest, run_id__in=run_ids).update(run=None, parent=None)
-        namespaces = (
-            GraphCheckpoint.objects.filter(thread_id=thread_id, run_id__in=run_ids)
-            .values_list("checkpoint_ns", flat=True)
-            .distinct()
-        )
-        for ns in list(namespaces):
-            newest = (
-                GraphCheckpoint.objects.filter(thread_id=thread_id, checkpoint_ns=ns)
-                .order_by("-checkpoint_id")
-                .values_list("checkpoint_id", flat=True)
-                .first()
-            )
-            if newest is None:
-                continue
-            GraphCheckpoint.objects.filter(
-                thread_id=thread_id, checkpoint_ns=ns, checkpoint_id=newest
-            ).update(run=None)
-            GraphWrite.objects.filter(
-                thread_id=thread_id, checkpoint_ns=ns, checkpoint_id=newest
-            ).update(run=None)
+    latest checkpoint of each namespace with its writes) is detached from a run we delete.
+
+    Set-based (three UPDATEs per batch, whatever the number of threads): a thread's runs are
+    usually spread over many batches, so most batches touch threads that stay.
+    """
+    if not thread_ids:
+        return
+    threads = list(thread_ids)
+    newer = Checkpoint.objects.filter(thread_id=OuterRef("thread_id")).filter(
+        Q(created_at__gt=OuterRef("created_at"))
+        | Q(created_at=OuterRef("created_at"), id__gt=OuterRef("id"))
+    )
+    Checkpoint.objects.filter(thread_id__in=threads, run_id__in=run_ids).filter(
+        ~Exists(newer)
+    ).update(run=None, parent=None)
+    newer_graph = GraphCheckpoint.objects.filter(
+        thread_id=OuterRef("thread_id"),
+        checkpoint_ns=OuterRef("checkpoint_ns"),
+        checkpoint_id__gt=OuterRef("checkpoint_id"),
+    )
+    GraphCheckpoint.objects.filter(thread_id__in=threads, run_id__in=run_ids).filter(
+        ~Exists(newer_graph)
+    ).update(run=None)
+    # The latest checkpoint's writes are its pending writes: they belong to the state too.
+    GraphWrite.objects.filter(thread_id__in=threads, run_id__in=run_ids).filter(
+        ~Exists(newer_graph)
+    ).update(run=None)
 
 
 def retention_apply(*, time_budget: float | None = None) -> PruneResult | None:
