@@ -266,8 +266,8 @@ class Worker:
                     if now >= next_prune:
                         # Bounded in time: a big backlog is pruned over many ticks, with claims
                         # in between (services.runs_prune skips rows the engine holds).
-                        services.retention_apply(time_budget=settings.RUNS_PRUNE_BUDGET_SECONDS)
                         next_prune = now + settings.RUNS_PRUNE_INTERVAL_SECONDS
+                        services.retention_apply(time_budget=settings.RUNS_PRUNE_BUDGET_SECONDS)
                     if now >= next_heartbeat:
                         self._heartbeat()
                         next_heartbeat = now + self.heartbeat_seconds

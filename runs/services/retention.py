@@ -271,14 +271,21 @@ def retention_apply(*, time_budget: float | None = None) -> PruneResult | None:
             actor="system:retention",
         )
     if settings.RUNS_AUDIT_RETENTION_DAYS is not None:
-        audit = audit_prune(older_than=timedelta(days=settings.RUNS_AUDIT_RETENTION_DAYS))
+        audit = audit_prune(
+            older_than=timedelta(days=settings.RUNS_AUDIT_RETENTION_DAYS),
+            time_budget=time_budget,
+        )
         result = result or PruneResult()
         result.batches += audit.batches
     return result
 
 
 def audit_prune(
-    *, older_than: timedelta, batch_size: int = 5000, dry_run: bool = False
+    *,
+    older_than: timedelta,
+    batch_size: int = 5000,
+    dry_run: bool = False,
+    time_budget: float | None = None,
 ) -> PruneResult:
     """Delete audit entries older than `older_than` (RUNS_AUDIT_RETENTION_DAYS), in batches."""
     if older_than < timedelta(0):
@@ -288,7 +295,11 @@ def audit_prune(
     if dry_run:
         result.runs = old.count()
         return result
+    started = time.monotonic()
     while True:
+        if time_budget is not None and time.monotonic() - started > time_budget:
+            result.complete = False
+            break
         ids = list(old.order_by("id").values_list("id", flat=True)[:batch_size])
         if not ids:
             break
