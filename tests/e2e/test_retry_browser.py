@@ -34,8 +34,12 @@ def failed_slow_run() -> Run:
 def test_support_retries_a_run_with_edited_input_from_its_page(
     web: Browser,  # noqa: F811
     support: User,
+    reviewer: User,
 ) -> None:
     run = failed_slow_run()
+    watcher = web.page(reviewer, f"/runs/{run.id}/")  # someone else looking at the same run
+    live(watcher)
+    expect(watcher.locator("#run-retry")).to_have_count(0)  # reviewers cannot retry
     page = web.page(support, f"/runs/{run.id}/")
     live(page)
     page.get_by_text("Retry…").click()
@@ -53,6 +57,8 @@ def test_support_retries_a_run_with_edited_input_from_its_page(
     new = wait_for_retry(run)
     page.wait_for_url(f"**/runs/{new.id}/")
     expect(page.locator("[data-retry-of] a")).to_have_attribute("href", f"/runs/{run.id}/")
+    # The other page shows the link without a reload (the original's change is pushed).
+    expect(watcher.locator("[data-retried-as] a")).to_have_attribute("href", f"/runs/{new.id}/")
     wait_status(new, RunStatus.SUCCESS)
     expect(page.locator("#run-header")).to_contain_text("success", timeout=20_000)
     shot(page, "retry-1-new-run")
