@@ -90,7 +90,7 @@ def thread_ttl_minutes(ttl: JSONValue) -> float | None:
         if strategy == "keep_latest":
             raise Unsupported(
                 "ttl.strategy",
-                "ttl strategy 'keep_latest' is not supported by Runsite; use 'delete'",
+                "ttl.strategy 'keep_latest' is not supported by Runsite; use 'delete'",
             )
         if strategy != "delete":
             raise ValidationFailed.field("ttl.strategy", "must be delete or keep_latest")
