@@ -302,6 +302,7 @@ def test_retry_from_the_run_page_links_both_runs(drain, support) -> None:
     assert reverse("runs:run_detail", args=[run.id]) in new_page
     old_page = client.get(reverse("runs:run_detail", args=[run.id])).content.decode()
     assert "data-retried-as" in old_page
+    assert f"retried as run {str(new.id)[:8]}…" in old_page  # the timeline says so too
     assert reverse("runs:run_detail", args=[new.id]) in old_page
 
 
