@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, transaction
 from django.test import Client
 from django.utils import timezone
 
@@ -397,6 +397,41 @@ def test_pruning_while_workers_claim_never_deletes_an_active_run(start_worker) -
         timeout=120,
     )
     assert Run.objects.filter(id__in=created, status=RunStatus.SUCCESS).count() == len(created)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_pruning_skips_a_thread_someone_holds_and_says_it_is_not_done(drain) -> None:
+    held_thread = services.thread_create(metadata={})
+    held = finished_run(drain, thread=held_thread)
+    free = finished_run(drain)
+    age(held, free)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        # Another session holding the thread row (as a run being created on it would).
+        try:
+            with transaction.atomic():
+                list(Thread.objects.select_for_update().filter(id=held_thread.id))
+                locked.set()
+                release.wait(30)
+        finally:
+            close_old_connections()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        result = services.runs_prune(older_than=timedelta(days=30), batch_size=1)
+    finally:
+        release.set()
+        holder.join()
+    assert result.runs == 1
+    assert result.complete is False
+    assert Run.objects.filter(id=held.id).exists()
+    assert not Run.objects.filter(id=free.id).exists()
+    again = services.runs_prune(older_than=timedelta(days=30))
+    assert (again.runs, again.complete) == (1, True)
 
 
 # --- LangGraph graph threads -------------------------------------------------------------------

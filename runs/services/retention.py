@@ -105,12 +105,15 @@ def runs_prune(
         result.runs = prunable_runs(cutoff=cutoff, statuses=chosen).count()
         return result
     started = time.monotonic()
+    held: set[UUID] = set()  # threads someone else held this pass: skipped from then on
     while True:
         if time_budget is not None and time.monotonic() - started > time_budget:
             result.complete = False
             break
         try:
-            runs, threads, more = _prune_batch(cutoff=cutoff, statuses=chosen, size=batch_size)
+            runs, threads, more = _prune_batch(
+                cutoff=cutoff, statuses=chosen, size=batch_size, held=held
+            )
         except OperationalError as exc:
             # Lock timeout: someone is using these rows; the next call takes them.
             logger.info("prune: batch gave way to a lock (%s); stopping this pass", exc)
@@ -121,6 +124,9 @@ def runs_prune(
         result.threads += threads
         if not more:
             break
+    if held:
+        # Runs on threads someone held were left for the next pass.
+        result.complete = False
     if result.runs or result.threads:
         _audit(
             actor=actor,
@@ -137,14 +143,18 @@ def runs_prune(
     return result
 
 
-def _prune_batch(*, cutoff: datetime, statuses: list[str], size: int) -> tuple[int, int, bool]:
-    """One batch in one transaction: returns (runs deleted, threads deleted, maybe more)."""
+def _prune_batch(
+    *, cutoff: datetime, statuses: list[str], size: int, held: set[UUID]
+) -> tuple[int, int, bool]:
+    """One batch in one transaction: returns (runs deleted, threads deleted, maybe more).
+    Threads it finds held by someone else are added to `held` and left out of later batches."""
     with transaction.atomic():
         if _is_postgres():
             with connection.cursor() as cursor:
                 cursor.execute(f"SET LOCAL lock_timeout = '{PRUNE_LOCK_TIMEOUT_MS}ms'")
         candidates = list(
             prunable_runs(cutoff=cutoff, statuses=statuses)
+            .exclude(thread_id__in=held)
             .select_for_update(skip_locked=True, of=("self",))
             .order_by("finished_at", "id")
             .values_list("id", "thread_id")[:size]
@@ -167,6 +177,7 @@ def _prune_batch(*, cutoff: datetime, statuses: list[str], size: int) -> tuple[i
                 "thread_id", flat=True
             )
         )
+        held.update(t for t in thread_ids if t not in locked)
         run_ids = [r for r, t in candidates if t is None or (t in locked and t not in busy)]
         threads = {t for _, t in candidates if t in locked and t not in busy}
         kept = set(
@@ -182,7 +193,7 @@ def _prune_batch(*, cutoff: datetime, statuses: list[str], size: int) -> tuple[i
         _keep_thread_state(threads - emptied, run_ids)
         _delete_runs(run_ids)
         _delete_threads(emptied)
-        # Everything the candidate query saw was either deleted or is held by someone else.
+        # A full batch means there may be more (held threads are excluded from the next one).
         more = len(candidates) == size
     return len(run_ids), len(emptied), more
 
