@@ -465,3 +465,53 @@ class SavedViewForm(forms.Form):
                 "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items())
             )
         return query
+
+
+class RetryForm(forms.Form):
+    """Retry one ended run: its input as JSON (prefilled, editable), where, and why."""
+
+    input = forms.CharField(required=False, widget=forms.Textarea, max_length=1_000_000)
+    new_thread = forms.BooleanField(required=False)
+    reason = forms.CharField(required=False, max_length=2000)
+
+    def clean_input(self) -> Any:
+        text = (self.cleaned_data.get("input") or "").strip()
+        if not text:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise forms.ValidationError(f"Not valid JSON: {exc}") from None
+
+
+class BulkRetryForm(forms.Form):
+    """The selection (ids, or every run matching the list's filters) and the confirmation."""
+
+    run_ids = forms.TypedMultipleChoiceField(required=False, coerce=UUID, choices=())
+    all_matching = forms.BooleanField(required=False)
+    new_thread = forms.BooleanField(required=False)
+    reason = forms.CharField(required=False, max_length=2000)
+    step = forms.ChoiceField(choices=[("preview", "preview"), ("confirm", "confirm")])
+    expected = forms.IntegerField(required=False, min_value=0)
+    confirm_text = forms.CharField(required=False, max_length=20)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["run_ids"].valid_value = lambda value: True  # type: ignore[attr-defined]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if not data.get("all_matching") and not data.get("run_ids"):
+            raise forms.ValidationError(
+                "Select at least one run, or every run matching the filter."
+            )
+        return data
+
+    def needs_typed_confirmation(self, count: int) -> bool:
+        return count > BULK_CONFIRM_ABOVE
+
+    def confirmation_ok(self) -> bool:
+        expected = self.cleaned_data.get("expected") or 0
+        if not self.needs_typed_confirmation(expected):
+            return True
+        return (self.cleaned_data.get("confirm_text") or "").strip() == str(expected)

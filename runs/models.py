@@ -90,6 +90,9 @@ class Thread(models.Model):
     # `expires_at` is set and the reaper deletes the thread after it.
     delete_when_done = models.BooleanField(default=False)
     expires_at = models.DateTimeField(null=True, blank=True)
+    # LangGraph's thread `ttl` (strategy "delete"), in minutes: `expires_at` is re-armed to
+    # last activity + ttl, and the reaper deletes the thread once it expires idle.
+    ttl_minutes = models.FloatField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -117,6 +120,10 @@ class Run(models.Model):
     agent_id = models.CharField(max_length=128)
     parent_run = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="child_runs"
+    )
+    # The ended run this one re-runs (services.run_retry); the original lists `retries`.
+    retry_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
     )
     # Copied from the thread at creation so every filter on it needs no join.
     resource_id = models.CharField(max_length=255, null=True, blank=True)
@@ -196,6 +203,12 @@ class Run(models.Model):
                 fields=["thread"],
                 condition=Q(status="suspended", parent_run__isnull=True),
                 name="run_thread_suspended_idx",
+            ),
+            # Retention: ended runs, oldest end first (services.runs_prune).
+            models.Index(
+                fields=["finished_at"],
+                condition=Q(status__in=["success", "error", "timeout", "interrupted"]),
+                name="run_ended_idx",
             ),
             # Reaper: running runs by lease expiry.
             models.Index(

@@ -4,6 +4,7 @@ from django.urls import path
 
 from runs import views
 from runs.views import notifications, review_context, search
+from runs.views import retry as retry_views
 from runs.views import reviews as review_views
 
 app_name = "runs"
@@ -20,6 +21,7 @@ urlpatterns = [
     path("views/new/", search.saved_view_create, name="saved_view_create"),
     path("views/<int:view_id>/rename/", search.saved_view_rename, name="saved_view_rename"),
     path("views/<int:view_id>/delete/", search.saved_view_delete, name="saved_view_delete"),
+    path("runs/bulk-retry/", retry_views.runs_bulk_retry, name="runs_bulk_retry"),
     path("runs/<uuid:run_id>/", views.run_detail, name="run_detail"),
     path("runs/<uuid:run_id>/events/", views.run_events, name="run_events"),
     path("runs/<uuid:run_id>/deliveries/", notifications.run_deliveries, name="run_deliveries"),
@@ -31,6 +33,7 @@ urlpatterns = [
     path("runs/<uuid:run_id>/claim/", review_views.tool_call_claim, name="tool_call_claim"),
     path("runs/<uuid:run_id>/release/", review_views.tool_call_release, name="tool_call_release"),
     path("runs/<uuid:run_id>/cancel/", views.run_cancel, name="run_cancel"),
+    path("runs/<uuid:run_id>/retry/", retry_views.run_retry, name="run_retry"),
     path("threads/<uuid:thread_id>/", views.thread_detail, name="thread_detail"),
     path("threads/<uuid:thread_id>/values/", views.thread_values, name="thread_values"),
     path("threads/<uuid:thread_id>/conversation/", review_context.thread_chat, name="thread_chat"),

@@ -326,6 +326,21 @@ RUNS_EMBEDDED_WORKER = env_bool("RUNS_EMBEDDED_WORKER", False)
 RUNS_API_AUTH = env_bool("RUNS_API_AUTH", True)
 RUNS_METRICS_TOKEN = env_str("RUNS_METRICS_TOKEN", "")
 RUNS_STUCK_MINUTES = env_int("RUNS_STUCK_MINUTES", 10, minimum=1)
+# Retention (docs/deploy.md): unset = keep forever. Workers prune ended runs older than this
+# every RUNS_PRUNE_INTERVAL_SECONDS (or `manage.py pruneruns`); the audit log has its own.
+RUNS_RETENTION_DAYS = (
+    env_float("RUNS_RETENTION_DAYS", 0.0, minimum=0.0)
+    if os.environ.get("RUNS_RETENTION_DAYS", "").strip()
+    else None
+)
+RUNS_AUDIT_RETENTION_DAYS = (
+    env_float("RUNS_AUDIT_RETENTION_DAYS", 0.0, minimum=0.0)
+    if os.environ.get("RUNS_AUDIT_RETENTION_DAYS", "").strip()
+    else None
+)
+RUNS_PRUNE_INTERVAL_SECONDS = env_float("RUNS_PRUNE_INTERVAL_SECONDS", 300.0, minimum=1.0)
+# One worker tick prunes at most this long, so claims are never starved.
+RUNS_PRUNE_BUDGET_SECONDS = env_float("RUNS_PRUNE_BUDGET_SECONDS", 2.0, minimum=0.1)
 RUNS_OPENAI_BASE_URL = env_str("RUNS_OPENAI_BASE_URL", "https://api.openai.com/v1")
 RUNS_OPENAI_API_KEY = env_str("RUNS_OPENAI_API_KEY", "")
 RUNS_OPENAI_MODEL = env_str("RUNS_OPENAI_MODEL", "gpt-4o-mini")

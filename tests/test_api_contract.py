@@ -167,7 +167,7 @@ def test_it_merges_config_metadata_into_the_run_metadata(api: Client) -> None:
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ({"ttl": {"ttl": 60, "strategy": "delete"}}, "ttl"),
+        ({"ttl": {"ttl": 60, "strategy": "keep_latest"}}, "ttl.strategy"),
         ({"supersteps": [{"updates": [{"values": {"x": 1}, "as_node": "agent"}]}]}, "supersteps"),
     ],
 )
@@ -177,15 +177,18 @@ def test_it_refuses_thread_create_fields(api: Client, body: dict[str, Any], fiel
     assert post(api, "/threads", {"ttl": None, "supersteps": []}).status_code == 200
 
 
-def test_it_refuses_a_thread_ttl_on_patch_and_keeps_the_metadata(api: Client) -> None:
+def test_it_refuses_a_thread_ttl_keep_latest_on_patch_and_keeps_the_metadata(
+    api: Client,
+) -> None:
     tid = new_thread(api)
     r = api.patch(
         f"/api/threads/{tid}",
-        json.dumps({"metadata": {"x": 1}, "ttl": 60}),
+        json.dumps({"metadata": {"x": 1}, "ttl": {"ttl": 60, "strategy": "keep_latest"}}),
         content_type="application/json",
     )
-    assert_unsupported(r, "ttl")
+    assert_unsupported(r, "ttl.strategy")
     assert Thread.objects.get(id=tid).metadata == {}
+    assert Thread.objects.get(id=tid).ttl_minutes is None
 
 
 def test_it_refuses_extract_on_thread_search(api: Client) -> None:

@@ -33,10 +33,13 @@ DASHBOARD_POSTS = {
     "runs:tool_call_release": "runs.review_run",
     "runs:run_cancel": "runs.cancel_run",
     "runs:runs_bulk_cancel": "runs.cancel_run",
+    "runs:run_retry": "runs.cancel_run",
+    "runs:runs_bulk_retry": "runs.cancel_run",
 }
 # POSTs any signed-in user may make: they change only that user's own saved views (who may
 # change which view is tested in tests/test_saved_views.py).
 DASHBOARD_POSTS_OWN = {"runs:saved_view_create", "runs:saved_view_rename", "runs:saved_view_delete"}
+BULK = ("runs:runs_bulk_cancel", "runs:runs_bulk_retry")
 
 
 def all_routes() -> list[tuple[str, URLPattern]]:
@@ -124,7 +127,7 @@ def test_every_dashboard_route_needs_a_login(client: Client, run: Run, route) ->
 def test_every_dashboard_post_needs_the_permission(
     client: Client, run: Run, nobody, reviewer, support, name
 ) -> None:
-    url = reverse(name, args=[] if name == "runs:runs_bulk_cancel" else [run.id])
+    url = reverse(name, args=[] if name in BULK else [run.id])
     # a user in no group, and a user with the other permission
     wrong = support if DASHBOARD_POSTS[name] == "runs.review_run" else reviewer
     for user in (nobody, wrong):
@@ -140,7 +143,7 @@ def test_every_dashboard_post_needs_a_csrf_token(run: Run, reviewer, support, na
     client = Client(enforce_csrf_checks=True)
     user = reviewer if DASHBOARD_POSTS[name] == "runs.review_run" else support
     client.force_login(user)
-    url = reverse(name, args=[] if name == "runs:runs_bulk_cancel" else [run.id])
+    url = reverse(name, args=[] if name in BULK else [run.id])
     response = client.post(url, _post_body(name, run))
     assert response.status_code == 403
     assert Run.objects.get(id=run.id).status == RunStatus.SUSPENDED

@@ -165,8 +165,9 @@ POSTS = {
     "run_cancel",
     "tool_call_claim",
     "tool_call_release",
+    "run_retry",
 }
-BULK = {"runs_bulk_cancel"}
+BULK = {"runs_bulk_cancel", "runs_bulk_retry"}
 # A user's own saved views (owner checks: tests/test_saved_views.py); their counts are scoped.
 OWNED = {"saved_view_create", "saved_view_rename", "saved_view_delete"}
 
@@ -372,6 +373,11 @@ def action(name: str, tenant: Tenant) -> tuple[str, dict[str, str], Any]:
             lambda: ToolCall.objects.get(id=refund_call.id).claimed_by == "",
         ),
     }
+    forms["run_retry"] = (
+        tenant.cancelled,
+        {"input": "{}"},
+        lambda: Run.objects.filter(retry_of_id=tenant.cancelled.id).exists(),
+    )
     if name == "tool_call_release":
         held_by_own_reviewer(tenant, refund_call)
     run, data, done = forms[name]
@@ -704,3 +710,22 @@ def test_staff_scope_set_binds_rebinds_and_unbinds(world, cast) -> None:
     with pytest.raises(ValidationFailed):
         services.staff_scope_set(user=alice, resource_ids=["acme", " "])
     assert not StaffScope.objects.filter(user=alice).exists()  # nothing changed
+
+
+def test_bulk_retry_retries_only_the_users_runs(world, cast) -> None:
+    everyone = [r.id for t in world.values() for r in (t.cancelled,)]
+    alice = signed_in(cast["alice"])
+    form = {"run_ids": [str(i) for i in everyone], "step": "preview"}
+    preview = alice.post(reverse("runs:runs_bulk_retry"), form, headers=HX)
+    assert preview.status_code == 200
+    form.update(step="confirm", expected="1")
+    done = alice.post(reverse("runs:runs_bulk_retry"), form, headers=HX)
+    assert done.status_code == 200, done.content[:300]
+    retried = set(Run.objects.filter(retry_of__isnull=False).values_list("retry_of_id", flat=True))
+    assert retried == {world["acme"].cancelled.id}
+    # "Every run matching" is the list as alice sees it, never another tenant's.
+    form = {"all_matching": "on", "status": "interrupted", "step": "confirm", "expected": "1"}
+    again = alice.post(reverse("runs:runs_bulk_retry"), form, headers=HX)
+    assert again.status_code == 200, again.content[:300]
+    retried = set(Run.objects.filter(retry_of__isnull=False).values_list("retry_of_id", flat=True))
+    assert retried == {world["acme"].cancelled.id}

@@ -15,6 +15,7 @@ def build_api() -> NinjaAPI:
     from runs.api.auth import api_key_auth
     from runs.api.errors import install_error_handlers
     from runs.api.langgraph import assistants, runs, threads
+    from runs.api.retry import retry
     from runs.api.review import review
 
     api = NinjaAPI(
@@ -43,5 +44,7 @@ def build_api() -> NinjaAPI:
     api.add_router("", assistants)
     api.add_router("", threads)
     api.add_router("", runs)
+    # Before review: its /runs/{run_id} would otherwise answer POST /runs/retry.
+    api.add_router("", retry)
     api.add_router("", review)
     return api

@@ -35,6 +35,8 @@ from runs.api.schemas import (
     ThreadCreateIn,
     ThreadOut,
     ThreadPatchIn,
+    ThreadPruneIn,
+    ThreadPruneOut,
     ThreadSearchIn,
     ThreadStateOut,
     ThreadStateUpdateIn,
@@ -157,6 +159,7 @@ def create_thread(request: HttpRequest, payload: ThreadCreateIn) -> Thread:
         thread_id=payload.thread_id,
         if_exists=payload.if_exists or "raise",
         pinned_resource_id=caller.pinned_resource_id,
+        ttl=payload.ttl,
     )
     return p.with_interrupts(thread)
 
@@ -199,6 +202,18 @@ def count_threads(request: HttpRequest, payload: ThreadCountIn) -> int:
     return page.total
 
 
+@threads.post("/threads/prune", response={200: ThreadPruneOut, **errors()})
+def prune_threads(request: HttpRequest, payload: ThreadPruneIn) -> dict[str, int]:
+    caller = caller_of(request)
+    pruned = services.threads_prune(
+        thread_ids=payload.thread_ids,
+        strategy=payload.strategy,
+        actor=caller.actor,
+        pinned_resource_id=caller.pinned_resource_id,
+    )
+    return {"pruned_count": pruned}
+
+
 @threads.get("/threads/{thread_id}", response={200: ThreadOut, **errors(404)})
 def get_thread(request: HttpRequest, thread_id: UUID, include: str | None = None) -> Thread:
     caller = caller_of(request)
@@ -213,7 +228,7 @@ def patch_thread(
     payload.refuse_unsupported()
     caller = caller_of(request)
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
-    thread = services.thread_update(thread=thread, metadata=payload.metadata)
+    thread = services.thread_update(thread=thread, metadata=payload.metadata, ttl=payload.ttl)
     if "return=minimal" in request.headers.get("Prefer", ""):
         return 204, None
     return p.with_interrupts(thread)

@@ -137,17 +137,25 @@ class ThreadCreateIn(BodyIn):
     thread_id: UUID | None = None
     metadata: dict[str, Any] | None = None
     if_exists: Literal["raise", "do_nothing"] | None = None
+    # minutes, or {"ttl": minutes, "strategy": "delete"} (checked by services.thread_create)
     ttl: Any = None
     supersteps: Any = None
 
-    UNSUPPORTED = ("ttl", "supersteps")
+    UNSUPPORTED = ("supersteps",)
 
 
 class ThreadPatchIn(BodyIn):
     metadata: dict[str, Any] = Field(default_factory=dict)
     ttl: Any = None
 
-    UNSUPPORTED = ("ttl",)
+
+class ThreadPruneIn(BodyIn):
+    thread_ids: list[UUID] = Field(max_length=MAX_LIMIT)
+    strategy: str = "delete"
+
+
+class ThreadPruneOut(Schema):
+    pruned_count: int
 
 
 class ThreadOut(Schema):

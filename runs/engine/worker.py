@@ -261,6 +261,7 @@ class Worker:
         next_heartbeat = time.monotonic() + self.heartbeat_seconds
         next_reap = time.monotonic()
         next_stuck_scan = time.monotonic()
+        next_prune = time.monotonic()
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
@@ -273,6 +274,11 @@ class Worker:
                     if now >= next_stuck_scan:
                         self._announce_stuck()
                         next_stuck_scan = now + STUCK_SCAN_SECONDS
+                    if now >= next_prune:
+                        # Bounded in time: a big backlog is pruned over many ticks, with claims
+                        # in between (services.runs_prune skips rows the engine holds).
+                        next_prune = now + settings.RUNS_PRUNE_INTERVAL_SECONDS
+                        services.retention_apply(time_budget=settings.RUNS_PRUNE_BUDGET_SECONDS)
                     if now >= next_heartbeat:
                         self._heartbeat()
                         next_heartbeat = now + self.heartbeat_seconds

@@ -7,10 +7,11 @@ notification never arrives before the row it talks about. Lock order and fencing
 
 `from runs import services; services.run_cancel(...)` is the way in; the modules are:
 threads, runs (create), queue (claim/heartbeat/reap/release), steps, finish, cancel,
-decisions, agent_inbox (a graph's Agent Inbox choices), claims (who reviews a waiting call),
-review_deadlines (the reaper's half of review deadlines), access, notifications (the webhook and
-e-mail outbox, written with each suspend/end), search (the runs' search documents),
-saved_views, tenants (staff bound to resources), and core (locks, events, audit, publishing).
+decisions, retry, retention (pruning), agent_inbox (a graph's Agent Inbox choices), claims
+(who reviews a waiting call), review_deadlines (the reaper's half of review deadlines), access,
+notifications (the webhook and e-mail outbox, written with each suspend/end), search (the runs'
+search documents), saved_views, tenants (staff bound to resources), and core (locks, events,
+audit, publishing).
 """
 
 from __future__ import annotations
@@ -55,6 +56,15 @@ from runs.services.notifications import (
     runs_announce_stuck,
 )
 from runs.services.queue import run_claim, run_heartbeat, run_release, run_set_deadline, runs_reap
+from runs.services.retention import (
+    PruneResult,
+    audit_prune,
+    prunable_runs,
+    retention_apply,
+    runs_prune,
+    threads_prune,
+)
+from runs.services.retry import RETRY_MANY_LIMIT, RetryManyResult, run_retry, runs_retry_many
 from runs.services.review_deadlines import (
     DEADLINE_ACTOR,
     review_deadline_passed,
@@ -69,6 +79,7 @@ from runs.services.threads import (
     thread_create,
     thread_delete,
     thread_resolve_suspended,
+    thread_ttl_minutes,
     thread_update,
     thread_update_state,
 )
@@ -82,20 +93,26 @@ __all__ = [
     "MAX_CLAIM_MINUTES",
     "QUEUE_CHANNEL",
     "REJECT_MESSAGE",
+    "RETRY_MANY_LIMIT",
     "Actor",
     "BulkCancelResult",
     "ClaimedRun",
     "FenceResult",
     "Lease",
+    "PruneResult",
+    "RetryManyResult",
     "StepWrite",
     "SuspendPlan",
     "actor_name",
     "api_key_create",
     "api_key_revoke",
     "api_key_touch",
+    "audit_prune",
     "deliveries_claim",
     "delivery_record",
     "groups_ensure",
+    "prunable_runs",
+    "retention_apply",
     "review_deadline_passed",
     "reviews_expire",
     "run_acknowledge_cancel",
@@ -109,13 +126,16 @@ __all__ = [
     "run_finish",
     "run_heartbeat",
     "run_release",
+    "run_retry",
     "run_save_steps",
     "run_set_deadline",
     "run_suspend",
     "run_url",
     "runs_announce_stuck",
     "runs_cancel_many",
+    "runs_prune",
     "runs_reap",
+    "runs_retry_many",
     "saved_view_create",
     "saved_view_delete",
     "saved_view_rename",
@@ -126,8 +146,10 @@ __all__ = [
     "thread_delete",
     "thread_resolve_suspended",
     "thread_resume",
+    "thread_ttl_minutes",
     "thread_update",
     "thread_update_state",
+    "threads_prune",
     "tool_call_answer",
     "tool_call_approve",
     "tool_call_claim",

@@ -313,16 +313,28 @@ def _reap(max_attempts: int) -> dict[str, int]:
 
 
 def _delete_expired_threads(now: datetime, batch: int = 100) -> int:
-    """Delete stateless runs' temporary threads whose grace period is over (with their runs,
-    checkpoints, events and tool calls; the audit log stays)."""
+    """Delete stateless runs' temporary threads whose grace period is over, and threads whose
+    LangGraph `ttl` ran out while idle (with their runs, checkpoints, events and tool calls;
+    the audit log stays)."""
     deleted = 0
     for thread_id in Thread.objects.filter(expires_at__lt=now).values_list("id", flat=True)[:batch]:
         with transaction.atomic():
             _lock_timeout()
             _lock_thread(thread_id)
             runs = Run.objects.filter(thread_id=thread_id)
+            ttl = Thread.objects.filter(id=thread_id).values("ttl_minutes", "updated_at").first()
+            if ttl is None:
+                continue
+            if ttl["ttl_minutes"] is not None:
+                # A thread with a LangGraph `ttl` lives ttl minutes past its last activity.
+                alive_until = ttl["updated_at"] + timedelta(minutes=ttl["ttl_minutes"])
+                if runs.filter(status__in=ACTIVE_STATUSES).exists():
+                    alive_until = max(alive_until, now + timedelta(minutes=ttl["ttl_minutes"]))
+                if alive_until > now:
+                    Thread.objects.filter(id=thread_id).update(expires_at=alive_until)
+                    continue
             # A run created on the thread meanwhile keeps it (expiry is re-armed when it ends).
-            if runs.filter(status__in=ACTIVE_STATUSES).exists():
+            elif runs.filter(status__in=ACTIVE_STATUSES).exists():
                 Thread.objects.filter(id=thread_id).update(expires_at=None)
                 continue
             for run in runs.filter(parent_run__isnull=True):

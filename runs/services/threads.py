@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from uuid import UUID
 
 from django.db import IntegrityError, transaction
 
 from runs.contracts import Actor, JSONObject, JSONValue
-from runs.exceptions import Conflict, NotFound, ValidationFailed
+from runs.exceptions import Conflict, NotFound, Unsupported, ValidationFailed
 from runs.models import (
     ACTIVE_STATUSES,
     CancelAction,
@@ -34,8 +35,12 @@ def thread_create(
     thread_id: UUID | None = None,
     if_exists: str = "raise",
     pinned_resource_id: str | None = None,
+    ttl: JSONValue = None,
 ) -> Thread:
+    """Create a thread. `ttl` is LangGraph's: minutes, or {"ttl": minutes, "strategy":
+    "delete"}; the reaper deletes the thread once it has been idle that long."""
     metadata = dict(metadata or {})
+    ttl_minutes = thread_ttl_minutes(ttl)
     if if_exists not in ("raise", "do_nothing"):
         raise ValidationFailed.field(
             "if_exists",
@@ -64,6 +69,8 @@ def thread_create(
                     id=thread_id or Thread._meta.pk.default(),
                     metadata=metadata,
                     resource_id=resource_id,
+                    ttl_minutes=ttl_minutes,
+                    expires_at=_now() + timedelta(minutes=ttl_minutes) if ttl_minutes else None,
                 )
         except IntegrityError:
             raise Conflict(
@@ -72,12 +79,40 @@ def thread_create(
     return thread
 
 
-def thread_update(*, thread: Thread, metadata: JSONObject) -> Thread:
-    """Merge `metadata` into the thread's metadata (keys set to None are kept as None)."""
+def thread_ttl_minutes(ttl: JSONValue) -> float | None:
+    """LangGraph's thread `ttl`: a number of minutes or {"ttl": n, "strategy": "delete"}."""
+    if ttl is None:
+        return None
+    if isinstance(ttl, dict):
+        unknown = sorted(set(ttl) - {"ttl", "strategy"})
+        if unknown:
+            raise ValidationFailed.field(f"ttl.{unknown[0]}", "unknown field")
+        strategy = ttl.get("strategy", "delete")
+        if strategy == "keep_latest":
+            raise Unsupported(
+                "ttl.strategy",
+                "ttl.strategy 'keep_latest' is not supported by Runsite; use 'delete'",
+            )
+        if strategy != "delete":
+            raise ValidationFailed.field("ttl.strategy", "must be delete or keep_latest")
+        minutes, name = ttl.get("ttl"), "ttl.ttl"
+    else:
+        minutes, name = ttl, "ttl"
+    if isinstance(minutes, bool) or not isinstance(minutes, int | float) or not minutes > 0:
+        raise ValidationFailed.field(name, "must be a positive number of minutes")
+    if minutes > 60 * 24 * 365 * 100:
+        raise ValidationFailed.field(name, "must be at most 100 years")
+    return float(minutes)
+
+
+def thread_update(*, thread: Thread, metadata: JSONObject, ttl: JSONValue = None) -> Thread:
+    """Merge `metadata` into the thread's metadata (keys set to None are kept as None); a
+    `ttl` replaces the thread's time to live, counted from now."""
     if not isinstance(metadata, dict):
         raise ValidationFailed.field(
             "metadata", "not an object", detail="metadata must be an object"
         )
+    ttl_minutes = thread_ttl_minutes(ttl)
     with transaction.atomic():
         _lock_thread(thread.id)
         thread.refresh_from_db()
@@ -86,7 +121,12 @@ def thread_update(*, thread: Thread, metadata: JSONObject) -> Thread:
         if thread.resource_id is not None:
             merged["resource_id"] = thread.metadata.get("resource_id", thread.resource_id)
         thread.metadata = merged
-        thread.save(update_fields=["metadata", "updated_at"])
+        fields = ["metadata", "updated_at"]
+        if ttl_minutes is not None:
+            thread.ttl_minutes = ttl_minutes
+            thread.expires_at = _now() + timedelta(minutes=ttl_minutes)
+            fields += ["ttl_minutes", "expires_at"]
+        thread.save(update_fields=fields)
         search_refresh_thread(thread_id=thread.id)
     return thread
 

@@ -308,6 +308,9 @@ def _event_summary(event: Any) -> str:
         return f"retry (attempt {data.get('attempt', '?')}): {error.get('message', '')}"
     if kind == "finished":
         return str(data.get("status") or "finished")
+    if kind == "retried":
+        edited = " with edited input" if data.get("edited_input") else ""
+        return f"retried as run {str(data.get('run_id', '?'))[:8]}…{edited}"
     return kind
 
 
