@@ -97,7 +97,7 @@ def test_every_api_route_refuses_a_missing_and_a_revoked_key(
 
 
 def _scoped_body(method: str, path: str, run: Run) -> Any:
-    if "approve-tool-call" in path or "decline-tool-call" in path:
+    if any(verb in path for verb in ("approve-", "decline-", "claim-", "release-")):
         return {"run_id": str(run.id)}
     if path.endswith("/resume") or path.endswith("/resume-stream"):
         return {"run_id": str(run.id), "resume_data": {"city": "x"}}

@@ -17,6 +17,7 @@ def build_api() -> NinjaAPI:
     from runs.api.langgraph import assistants, runs, threads
     from runs.api.retry import retry
     from runs.api.review import review
+    from runs.api.search import search
 
     api = NinjaAPI(
         title="Runsite API",
@@ -46,5 +47,6 @@ def build_api() -> NinjaAPI:
     api.add_router("", runs)
     # Before review: its /runs/{run_id} would otherwise answer POST /runs/retry.
     api.add_router("", retry)
+    api.add_router("", search)  # before review too: /runs/search is not a run id
     api.add_router("", review)
     return api
