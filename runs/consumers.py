@@ -302,7 +302,7 @@ class RunsConsumer(_BatchingConsumer):
             _change_signature(changes),
         )
 
-    def render_shared(self, changes: list[dict[str, Any]]) -> tuple[str, Any]:
+    def render_shared(self, changes: list[dict[str, Any]]) -> tuple[str | list[str], Any]:
         html = self.render(changes)
         return html, set(getattr(self, "shown", ()))
 
@@ -310,7 +310,7 @@ class RunsConsumer(_BatchingConsumer):
         if state is not None and hasattr(self, "shown"):
             self.shown = set(state)
 
-    def render(self, changes: list[dict[str, Any]]) -> str:
+    def render(self, changes: list[dict[str, Any]]) -> str | list[str]:
         if self.view == "overview":
             return self.fragments.overview_regions(selectors.dashboard_overview(user=self.user))
         if self.view == "thread":
@@ -321,15 +321,16 @@ class RunsConsumer(_BatchingConsumer):
             return self._unsent(self.fragments.thread_region_list(page))
         return self._render_list(changes)
 
-    def _unsent(self, regions: list[tuple[str, str]]) -> str:
-        """Only the regions whose html differs from what this socket sent last."""
+    def _unsent(self, regions: list[tuple[str, str]]) -> list[str]:
+        """Only the regions whose html differs from what this socket sent last, a frame
+        each (the browser swaps them one at a time)."""
         parts = []
         for dom_id, html in regions:
             digest = hash(html)
             if self._sent_regions.get(dom_id) != digest:
                 self._sent_regions[dom_id] = digest
                 parts.append(html)
-        return "\n".join(parts)
+        return parts
 
     def _render_list(self, changes: list[dict[str, Any]]) -> str:
         """Rows to insert, update or delete for a batch of changed runs, then the total.

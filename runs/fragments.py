@@ -41,6 +41,11 @@ __all__ = [
 
 T = "runs/_fragments/"
 EVENTS_PER_FRAME = 15
+# A websocket frame of a run page's push stays under this many bytes where it can: the
+# regions and changed tool call cards are packed into frames up to it (one part bigger
+# than it goes alone). A page that catches up after a while gets several small frames the
+# browser swaps one by one, not one big one that blocks it.
+FRAME_BUDGET = 8 * 1024
 
 
 @dataclass
@@ -319,9 +324,10 @@ class Fragments:
         """What a page that got `sent` so far needs: the header, the events after `sent.seq`
         (appended), the tool call cards that are new or changed, and the other regions only
         when they changed (`with_io`: input/output, state and checkpoints, throttled by the
-        caller). Updates `sent`. Returns websocket frames: the regions, then the new events
-        in chunks of EVENTS_PER_FRAME, oldest first, each continuing the one before (a page
-        that catches up after a while gets several small frames, not one big one).
+        caller). Updates `sent`. Returns websocket frames: the header and the regions, then
+        the changed cards, packed into frames of at most FRAME_BUDGET bytes; then the new
+        events in chunks of EVENTS_PER_FRAME, oldest first, each continuing the one before (a
+        page that catches up after a while gets several small frames, not one big one).
 
         Cards and events are bounded by the page's window (selectors.run_page); when more
         events came than the window holds, the append says so (`data-after-seq` past what the
@@ -367,7 +373,7 @@ class Fragments:
             )
         sent.card_tokens = tokens
 
-        frames = ["\n".join(p for p in parts if p)]
+        frames = pack_frames(parts)
         if new_events:
             oldest = new_events[-1].seq
             # Contiguous with what the page shows, or a gap the browser re-fetches over.
@@ -467,6 +473,27 @@ class Fragments:
 
     def thread_regions(self, page: selectors.ThreadPage) -> str:
         return "\n".join(html for _, html in self.thread_region_list(page))
+
+
+def pack_frames(parts: list[str], budget: int = FRAME_BUDGET) -> list[str]:
+    """`parts` joined in order into as few frames as keep each under `budget` bytes (a part
+    bigger than that is a frame of its own). Always at least one frame: the first part
+    (the header) leads it."""
+    frames: list[str] = []
+    current: list[str] = []
+    size = 0
+    for part in parts:
+        if not part:
+            continue
+        n = len(part.encode())
+        if current and size + n > budget:
+            frames.append("\n".join(current))
+            current, size = [], 0
+        current.append(part)
+        size += n + 1
+    if current or not frames:
+        frames.append("\n".join(current))
+    return frames
 
 
 def run_url(run_id: UUID | str) -> str:

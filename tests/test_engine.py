@@ -279,7 +279,7 @@ def test_suspended_runs_survive_a_restart_and_complete_after_it(start_worker, re
 
 @pytest.mark.postgres
 def test_sigterm_releases_running_runs_for_another_worker(start_worker) -> None:
-    a = start_worker(concurrency=1, **{**FAST, "RUNS_LEASE_SECONDS": "30"})
+    a = start_worker(concurrency=1, **{**FAST, "RUNS_LEASE_SECONDS": "120"})
     run = create("slow", {"steps": 40, "delay_ms": 50})
     wait_for(lambda: Checkpoint.objects.filter(run=run).count() >= 3, timeout=15)
     a.signal(signal.SIGTERM)
@@ -289,8 +289,9 @@ def test_sigterm_releases_running_runs_for_another_worker(start_worker) -> None:
     assert RunEvent.objects.filter(run=run, kind="released").exists()
     started = time.monotonic()
     start_worker(concurrency=1, **FAST)
-    wait_status(run, RunStatus.SUCCESS, timeout=20)
-    # picked up at once, not after the 30 s lease
-    assert time.monotonic() - started < 15
+    wait_status(run, RunStatus.SUCCESS, timeout=60)
+    # Picked up at once, not after the 120 s lease (the bound is wide: a loaded machine
+    # starts a worker process slowly, and this is about the lease, not speed).
+    assert time.monotonic() - started < 60
     counts = Checkpoint.objects.filter(run=run).values("step").annotate(n=Count("id"))
     assert all(c["n"] == 1 for c in counts)

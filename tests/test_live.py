@@ -180,7 +180,7 @@ async def test_pushes_are_rendered_for_the_viewer_and_escape_tool_arguments(
     try:
         await db(drain)()  # the run suspends on issue_refund; its pushes carry the arguments
         for communicator, sees_approve in ((as_reviewer, True), (as_support, False)):
-            text = await receive_until(
+            text = await receive_all_until(
                 communicator, lambda t: "s-awaiting_approval" in t and 'id="run-actions"' in t
             )
             assert ('data-act="approve"' in text) is sees_approve
@@ -359,11 +359,14 @@ def test_a_run_push_carries_only_new_events_and_changed_cards(support, drain) ->
     fragments = Fragments(support)
     sent = RunPushState(seq=page.run.last_seq - 40, checkpoint_step=page.checkpoints[1].step)
     frames = fragments.run_push(page, sent, with_io=False)
-    # The regions first, then 40 events in frames of at most EVENTS_PER_FRAME, oldest first,
-    # each continuing the one before.
-    events = [[int(s) for s in re.findall(r'<li data-seq="(\d+)"', f)] for f in frames[1:]]
+    # The regions first (cards the new events name may follow in frames of their own), then
+    # 40 events in frames of at most EVENTS_PER_FRAME, oldest first, each continuing the one
+    # before.
+    appends = [f for f in frames if f.startswith('<ol id="timeline-events"')]
+    assert frames[-len(appends) :] == appends
+    events = [[int(s) for s in re.findall(r'<li data-seq="(\d+)"', f)] for f in appends]
     assert [len(e) for e in events] == [15, 15, 10] and EVENTS_PER_FRAME == 15
-    afters = [int(re.search(r'data-after-seq="(\d+)"', f).group(1)) for f in frames[1:]]
+    afters = [int(re.search(r'data-after-seq="(\d+)"', f).group(1)) for f in appends]
     assert afters == [page.run.last_seq - 40, max(events[0]), max(events[1])]
     assert 'id="run-header"' in frames[0] and 'id="run-actions"' in frames[0]
     # One new checkpoint row, prepended; the count follows.
@@ -378,6 +381,27 @@ def test_a_run_push_carries_only_new_events_and_changed_cards(support, drain) ->
     assert "run-checkpoint-rows" not in again[0]
 
 
+def test_a_push_that_catches_up_on_many_cards_sends_small_frames(support, drain) -> None:
+    """A page that missed a lot (a busy run, a slow socket) gets every changed card, each
+    once, in frames the browser swaps one at a time: the header leads, no frame of several
+    parts passes FRAME_BUDGET."""
+    from runs import selectors
+    from runs.fragments import FRAME_BUDGET, Fragments, RunPushState
+
+    run = services.run_create(agent_id="slow", input={"steps": 60, "delay_ms": 0}, actor="t")
+    drain()
+    page = selectors.run_page(run.id, user=support)
+    cards = {str(tc.pk) for tc in page.tool_calls}
+    assert len(cards) > 20
+    frames = Fragments(support).run_push(page, RunPushState(seq=1, card_tokens={}), with_io=True)
+    assert 'id="run-header"' in frames[0]
+    pushed = [pk for f in frames for pk in re.findall(r'<article id="tc-([^"]+)"', f)]
+    assert sorted(pushed) == sorted(cards)
+    assert len(frames) > 3
+    for frame in frames:
+        assert len(frame.encode()) <= FRAME_BUDGET or frame.count('<article id="tc-') <= 1
+
+
 def test_a_run_push_after_more_events_than_the_window_makes_the_page_refetch(
     support, drain
 ) -> None:
@@ -388,6 +412,7 @@ def test_a_run_push_after_more_events_than_the_window_makes_the_page_refetch(
     drain()
     page = selectors.run_page(run.id, user=support)  # the newest 100 events
     frames = Fragments(support).run_push(page, RunPushState(seq=1), with_io=False)
-    first_after = int(re.search(r'data-after-seq="(\d+)"', frames[1]).group(1))
+    timeline = "".join(f for f in frames if f.startswith('<ol id="timeline-events"'))
+    first_after = int(re.search(r'data-after-seq="(\d+)"', timeline).group(1))
     # Past what the page shows (seq 1): the browser sees a gap and re-fetches its regions.
     assert first_after == page.events[-1].seq - 1 > 1

@@ -48,9 +48,10 @@ def test_a_claim_shows_in_the_other_reviewers_inbox_and_deciding_asks_to_take_ov
     clicked = time.monotonic()
     expect(ritas_row.locator(".claim.mine [data-holder]")).to_be_visible(timeout=5_000)
 
-    # Rob did nothing: the push brings Rita's claim into his open inbox within a second of
-    # the claim being committed (Rita's own row shows it: her answer came after the commit).
-    expect(robs_row.locator("[data-holder]")).to_have_text("rita is on it", timeout=1_000)
+    # Rob did nothing: the push brings Rita's claim into his open inbox (Rita's own row shows
+    # it: her answer came after the commit). The page's fallback poll is every 10 s; this
+    # waits 3 s, so only a push passes. The figure is recorded, not asserted.
+    expect(robs_row.locator("[data-holder]")).to_have_text("rita is on it", timeout=3_000)
     seen_after = time.monotonic() - clicked
     (ARTIFACTS / "claim-latency.txt").write_text(
         f"{seen_after:.3f} s from click to the other inbox\n"
