@@ -400,16 +400,13 @@ class CancelForm(forms.Form):
     reason = forms.CharField(required=False, max_length=2000)
 
 
-class BulkCancelForm(forms.Form):
-    """The selection (ids, or every run matching the list's filters) and the confirmation."""
+class BulkSelectionForm(forms.Form):
+    """A bulk action's selection (ids, or every run matching the list's filters) and its
+    two steps: a preview that counts, then a confirmation (typed above BULK_CONFIRM_ABOVE)."""
 
-    action = forms.ChoiceField(choices=CancelAction.choices)
-    reason = forms.CharField(required=False, max_length=2000)
     run_ids = forms.TypedMultipleChoiceField(required=False, coerce=UUID, choices=())
     all_matching = forms.BooleanField(required=False)
-    # Runs waiting for a human are left out of a bulk cancel unless ticked: one click must not
-    # throw away open reviews.
-    include_suspended = forms.BooleanField(required=False)
+    reason = forms.CharField(required=False, max_length=2000)
     step = forms.ChoiceField(choices=[("preview", "preview"), ("confirm", "confirm")])
     expected = forms.IntegerField(required=False, min_value=0)
     confirm_text = forms.CharField(required=False, max_length=20)
@@ -435,6 +432,13 @@ class BulkCancelForm(forms.Form):
         if not self.needs_typed_confirmation(expected):
             return True
         return (self.cleaned_data.get("confirm_text") or "").strip() == str(expected)
+
+
+class BulkCancelForm(BulkSelectionForm):
+    action = forms.ChoiceField(choices=CancelAction.choices)
+    # Runs waiting for a human are left out of a bulk cancel unless ticked: one click must not
+    # throw away open reviews.
+    include_suspended = forms.BooleanField(required=False)
 
 
 # --- saved views ----------------------------------------------------------------------------
@@ -484,34 +488,5 @@ class RetryForm(forms.Form):
             raise forms.ValidationError(f"Not valid JSON: {exc}") from None
 
 
-class BulkRetryForm(forms.Form):
-    """The selection (ids, or every run matching the list's filters) and the confirmation."""
-
-    run_ids = forms.TypedMultipleChoiceField(required=False, coerce=UUID, choices=())
-    all_matching = forms.BooleanField(required=False)
+class BulkRetryForm(BulkSelectionForm):
     new_thread = forms.BooleanField(required=False)
-    reason = forms.CharField(required=False, max_length=2000)
-    step = forms.ChoiceField(choices=[("preview", "preview"), ("confirm", "confirm")])
-    expected = forms.IntegerField(required=False, min_value=0)
-    confirm_text = forms.CharField(required=False, max_length=20)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.fields["run_ids"].valid_value = lambda value: True  # type: ignore[attr-defined]
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        if not data.get("all_matching") and not data.get("run_ids"):
-            raise forms.ValidationError(
-                "Select at least one run, or every run matching the filter."
-            )
-        return data
-
-    def needs_typed_confirmation(self, count: int) -> bool:
-        return count > BULK_CONFIRM_ABOVE
-
-    def confirmation_ok(self) -> bool:
-        expected = self.cleaned_data.get("expected") or 0
-        if not self.needs_typed_confirmation(expected):
-            return True
-        return (self.cleaned_data.get("confirm_text") or "").strip() == str(expected)

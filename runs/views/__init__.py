@@ -47,6 +47,7 @@ from runs.forms import (
     PAGE_SIZE,
     AuditFilterForm,
     BulkCancelForm,
+    BulkSelectionForm,
     CancelForm,
     DeclineForm,
     InboxChoiceForm,
@@ -246,7 +247,6 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
 def runs_bulk_cancel(request: HtmxHttpRequest) -> HttpResponse:
     if not can_cancel(request.user):
         return _denied(request, "cancel runs")
-    fragments = Fragments(request.user, request)
     form = BulkCancelForm(request.POST)
     filters_form = RunFilterForm(request.POST)
     context: dict[str, Any] = {"bulk": form, "filter_items": _filter_items(request.POST)}
@@ -267,16 +267,9 @@ def runs_bulk_cancel(request: HtmxHttpRequest) -> HttpResponse:
         include_suspended=data["include_suspended"],
     )
     context["preview"] = preview
-    context["needs_typed"] = form.needs_typed_confirmation(preview["total"])
-    if data["step"] == "preview" or preview["total"] == 0:
-        return _bulk_panel(request, context)
-    if not form.confirmation_ok():
-        context["confirm_error"] = f"Type {data['expected']} to confirm."
-        return _bulk_panel(request, context, status=422)
-    if preview["total"] > (data["expected"] or 0):
-        # The filter matches more runs than the person confirmed: show the new count again.
-        context["grew"] = True
-        return _bulk_panel(request, context, status=409)
+    status = bulk_gate(form, preview["total"], context)
+    if status is not None:
+        return _bulk_panel(request, context, status=status)
     result = services.runs_cancel_many(
         action=data["action"],
         actor=request.user,
@@ -286,13 +279,38 @@ def runs_bulk_cancel(request: HtmxHttpRequest) -> HttpResponse:
         include_suspended=data["include_suspended"],
     )
     context["result"] = result
-    summary = _bulk_summary(data["action"], result)
+    return bulk_done(request, "bulk_panel.html", context, _bulk_summary(data["action"], result))
+
+
+def bulk_gate(form: BulkSelectionForm, total: int, context: dict[str, Any]) -> int | None:
+    """The steps every bulk action goes through: a preview that counts, a typed confirmation
+    for many runs, and a second look when the selection grew since. The status to show the
+    panel with, or None when the action may go ahead."""
+    data = form.cleaned_data
+    context["needs_typed"] = form.needs_typed_confirmation(total)
+    if data["step"] == "preview" or total == 0:
+        return 200
+    if not form.confirmation_ok():
+        context["confirm_error"] = f"Type {data['expected']} to confirm."
+        return 422
+    if total > (data["expected"] or 0):
+        # The filter matches more runs than the person confirmed: show the new count again.
+        context["grew"] = True
+        return 409
+    return None
+
+
+def bulk_done(
+    request: HtmxHttpRequest, panel: str, context: dict[str, Any], summary: str
+) -> HttpResponse:
+    """A bulk action went through: the panel with its result and a flash, or (without
+    JavaScript) back to the list with a message."""
     if not request.htmx:
         messages.success(request, summary)
         return redirect(f"{reverse('runs:run_list')}?{_filter_query_from(request.POST)}")
+    fragments = Fragments(request.user, request)
     return HttpResponse(
-        fragments.render("bulk_panel.html", **context, summary=summary)
-        + fragments.flash(summary, "success")
+        fragments.render(panel, **context, summary=summary) + fragments.flash(summary, "success")
     )
 
 

@@ -25,8 +25,9 @@ from runs.views import (
     HtmxHttpRequest,
     _denied,
     _filter_items,
-    _filter_query_from,
     _get_run,
+    bulk_done,
+    bulk_gate,
     dashboard_view,
 )
 
@@ -104,22 +105,13 @@ def runs_bulk_retry(request: HtmxHttpRequest) -> HttpResponse:
             .values_list("id", flat=True)
         )
     preview = retry_reads.runs_retry_preview(run_ids=run_ids, queryset=queryset)
-    context.update(
-        preview=preview,
-        needs_typed=form.needs_typed_confirmation(preview["total"]),
-        limit=services.RETRY_MANY_LIMIT,
-    )
+    context.update(preview=preview, limit=services.RETRY_MANY_LIMIT)
     if preview["total"] > services.RETRY_MANY_LIMIT:
-        context["too_many"] = True
+        context.update(too_many=True, needs_typed=form.needs_typed_confirmation(preview["total"]))
         return _panel(request, context, status=422)
-    if data["step"] == "preview" or preview["total"] == 0:
-        return _panel(request, context)
-    if not form.confirmation_ok():
-        context["confirm_error"] = f"Type {data['expected']} to confirm."
-        return _panel(request, context, status=422)
-    if preview["total"] > (data["expected"] or 0):
-        context["grew"] = True
-        return _panel(request, context, status=409)
+    status = bulk_gate(form, preview["total"], context)
+    if status is not None:
+        return _panel(request, context, status=status)
     try:
         result = services.runs_retry_many(
             actor=request.user,
@@ -135,14 +127,7 @@ def runs_bulk_retry(request: HtmxHttpRequest) -> HttpResponse:
     summary = f"Retried {n} run{'s' if n != 1 else ''}" + (
         f"; skipped {len(result.skipped)}." if result.skipped else "."
     )
-    if not request.htmx:
-        messages.success(request, summary)
-        return redirect(f"{reverse('runs:run_list')}?{_filter_query_from(request.POST)}")
-    fragments = Fragments(request.user, request)
-    return HttpResponse(
-        fragments.render("bulk_retry_panel.html", **context, result=result, summary=summary)
-        + fragments.flash(summary, "success")
-    )
+    return bulk_done(request, "bulk_retry_panel.html", {**context, "result": result}, summary)
 
 
 def _panel(request: HtmxHttpRequest, context: dict[str, Any], status: int = 200) -> HttpResponse:

@@ -45,28 +45,33 @@ def _minutes(request: HtmxHttpRequest) -> Any:
         return raw  # the service refuses it, naming the field
 
 
-def _answer(request: HtmxHttpRequest, run_id: UUID, text: str, origin: str) -> HttpResponse:
+def _answer(
+    request: HtmxHttpRequest,
+    run_id: UUID,
+    text: str,
+    origin: str,
+    *,
+    error: RunsError | None = None,
+) -> HttpResponse:
+    """What a claim or a release answers: the call's inbox row or card as it is now and a
+    flash (the service's refusal, when `error`); without JavaScript, back with a message."""
     if not request.htmx:
-        messages.success(request, text)
+        (messages.error if error else messages.success)(request, text)
         return redirect("runs:inbox") if origin == "inbox" else redirect("runs:run_detail", run_id)
-    if origin == "inbox":
-        fragments = Fragments(request.user, request)
-        rows = selectors.inbox_rows([run_id], user=request.user)
-        body = fragments.inbox_row(rows[0]) if rows else ""
+    if origin != "inbox" and error is None:
+        return _card_response(request, run_id, flash=(text, "success"))
+    fragments = Fragments(request.user, request)
+    rows = selectors.inbox_rows([run_id], user=request.user) if origin == "inbox" else []
+    body = fragments.inbox_row(rows[0]) if rows else ""
+    if error is None:
         return HttpResponse(body + fragments.flash(text, "success"))
-    return _card_response(request, run_id, flash=(text, "success"))
+    return HttpResponse(body + fragments.flash(text, "warning"), status=error.status_code)
 
 
 def _claim_error(
     request: HtmxHttpRequest, run_id: UUID, exc: RunsError, origin: str
 ) -> HttpResponse:
-    if not request.htmx:
-        messages.error(request, exc.detail)
-        return redirect("runs:inbox") if origin == "inbox" else redirect("runs:run_detail", run_id)
-    fragments = Fragments(request.user, request)
-    rows = selectors.inbox_rows([run_id], user=request.user) if origin == "inbox" else []
-    body = fragments.inbox_row(rows[0]) if rows else ""
-    return HttpResponse(body + fragments.flash(exc.detail, "warning"), status=exc.status_code)
+    return _answer(request, run_id, exc.detail, origin, error=exc)
 
 
 @require_POST
