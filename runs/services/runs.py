@@ -17,6 +17,7 @@ from runs.models import (
     Run,
     RunStatus,
     Thread,
+    ThreadStatus,
     ToolCall,
 )
 from runs.services.cancel import _cancel_locked
@@ -26,15 +27,15 @@ from runs.services.core import (
     _append_events,
     _check_json_size,
     _fence,
+    _insert_events,
     _lock_thread,
     _notify,
     _now,
     _publish,
-    _refresh_thread,
     _validate_choice,
 )
 from runs.services.decisions import thread_resume
-from runs.services.search import search_refresh, search_refresh_thread
+from runs.services.search import search_index_new_run, search_refresh, search_refresh_thread
 from runs.services.threads import _thread_in_scope, thread_create
 from runs.webhooks import validate_url
 
@@ -129,7 +130,9 @@ def run_create(
                 delete_when_done=kwargs["on_completion"] == "delete",
             )
         else:
-            found = Thread.objects.filter(id=thread_id).first()
+            # Read and locked in one statement: what the thread holds now (its metadata),
+            # and no other run can be created or end on it until this one is committed.
+            found = Thread.objects.select_for_update(no_key=True).filter(id=thread_id).first()
             if found is None or (
                 pinned_resource_id is not None and found.resource_id != pinned_resource_id
             ):
@@ -140,8 +143,8 @@ def run_create(
                     metadata=_graph_metadata(agent_id),
                     pinned_resource_id=pinned_resource_id,
                 )
+                _lock_thread(found.id)
             thread = found
-        _lock_thread(thread.id)
         _stamp_graph_metadata(thread, agent_id)
         inflight = list(
             Run.objects.select_for_update(no_key=True)
@@ -166,9 +169,11 @@ def run_create(
             multitask_strategy=multitask_strategy,
             not_before=now + timedelta(seconds=after_seconds) if after_seconds else None,
             webhook=webhook,
+            last_seq=1,  # its first event, written next: no other writer knows the run yet
         )
-        seq = _append_events(
+        _insert_events(
             run.id,
+            1,
             [
                 (
                     "created",
@@ -177,8 +182,7 @@ def run_create(
                 )
             ],
         )
-        run.last_seq = seq
-        search_refresh(run_ids=[run.id])
+        search_index_new_run(run_id=run.id, input=input, thread_metadata=thread.metadata)
         if inflight and multitask_strategy in (
             MultitaskStrategy.INTERRUPT,
             MultitaskStrategy.ROLLBACK,
@@ -190,7 +194,9 @@ def run_create(
                     actor=actor,
                     reason=f"replaced by run {run.id} (multitask_strategy={multitask_strategy})",
                 )
-        _refresh_thread(thread.id)
+        # The new run is pending, so the thread is busy (what _refresh_thread would derive;
+        # a stateless thread's expiry stays unset while a run is in flight).
+        Thread.objects.filter(id=thread.id).update(status=ThreadStatus.BUSY, updated_at=now)
         _notify(QUEUE_CHANNEL)
         _publish(run)
     return run
@@ -203,11 +209,9 @@ def _graph_metadata(agent_id: str) -> dict[str, str]:
 def _stamp_graph_metadata(thread: Thread, agent_id: str) -> None:
     """Stamp `graph_id` and `assistant_id` into the thread's metadata, as the LangGraph server
     does, so `threads.search(metadata={"graph_id": …})` finds a graph's threads; keys the
-    caller set are kept. Caller holds the thread lock."""
+    caller set are kept. Caller holds the thread lock and read `thread` under it."""
     wanted = _graph_metadata(agent_id)
-    if all(k in (thread.metadata or {}) for k in wanted):
-        return
-    current = Thread.objects.filter(id=thread.id).values_list("metadata", flat=True).first() or {}
+    current = thread.metadata or {}  # read under the lock
     missing = {k: v for k, v in wanted.items() if k not in current}
     if missing:
         thread.metadata = {**current, **missing}

@@ -101,14 +101,18 @@ def search_refresh(*, run_ids: Iterable[UUID]) -> int:
     return len(documents)
 
 
+def search_index_new_run(*, run_id: UUID, input: Any, thread_metadata: Any) -> None:
+    """The document of a run just created in this transaction (no output, error or tool call
+    yet): written from what the caller holds, without reading it back."""
+    document = search_document(
+        input=input, output=None, error=None, thread_metadata=thread_metadata, tool_calls=()
+    )
+    RunSearch.objects.create(run_id=run_id, document=document)
+
+
 def search_refresh_thread(*, thread_id: UUID) -> int:
     """A thread's metadata changed: rewrite the documents of all its runs."""
-    run_ids = Run.objects.filter(thread_id=thread_id).values_list("id", flat=True)
-    written = 0
-    batch: list[UUID] = []
-    for run_id in run_ids.iterator(chunk_size=500):
-        batch.append(run_id)
-        if len(batch) == 500:
-            written += search_refresh(run_ids=batch)
-            batch = []
-    return written + search_refresh(run_ids=batch)
+    # One query for the ids (a thread's runs are few enough to hold; a server-side cursor
+    # costs three round trips even for a thread without runs).
+    run_ids = list(Run.objects.filter(thread_id=thread_id).values_list("id", flat=True))
+    return sum(search_refresh(run_ids=run_ids[i : i + 500]) for i in range(0, len(run_ids), 500))

@@ -55,23 +55,25 @@ def thread_create(
         resource_id = str(resource_id)
     if pinned_resource_id is not None:
         metadata["resource_id"] = pinned_resource_id
+    fields = {
+        "metadata": metadata,
+        "resource_id": resource_id,
+        "ttl_minutes": ttl_minutes,
+        "expires_at": _now() + timedelta(minutes=ttl_minutes) if ttl_minutes else None,
+    }
+    if thread_id is None:
+        # A new id (UUIDv7) cannot collide: one INSERT, no savepoint to catch a duplicate.
+        return Thread.objects.create(**fields)
     with transaction.atomic():
-        if thread_id is not None:
-            existing = Thread.objects.filter(id=thread_id).first()
-            if existing is not None:
-                in_scope = pinned_resource_id is None or existing.resource_id == pinned_resource_id
-                if if_exists == "do_nothing" and in_scope:
-                    return existing
-                raise Conflict(f"Thread with ID {thread_id} already exists", code="thread_exists")
+        existing = Thread.objects.filter(id=thread_id).first()
+        if existing is not None:
+            in_scope = pinned_resource_id is None or existing.resource_id == pinned_resource_id
+            if if_exists == "do_nothing" and in_scope:
+                return existing
+            raise Conflict(f"Thread with ID {thread_id} already exists", code="thread_exists")
         try:
             with transaction.atomic():
-                thread = Thread.objects.create(
-                    id=thread_id or Thread._meta.pk.default(),
-                    metadata=metadata,
-                    resource_id=resource_id,
-                    ttl_minutes=ttl_minutes,
-                    expires_at=_now() + timedelta(minutes=ttl_minutes) if ttl_minutes else None,
-                )
+                thread = Thread.objects.create(id=thread_id, **fields)
         except IntegrityError:
             raise Conflict(
                 f"Thread with ID {thread_id} already exists", code="thread_exists"
