@@ -11,10 +11,12 @@ from uuid import UUID
 from django.conf import settings
 from django.db.models import (
     Exists,
+    F,
     OuterRef,
     Prefetch,
     Q,
     QuerySet,
+    Subquery,
 )
 from django.utils import timezone
 
@@ -925,26 +927,37 @@ def run_result(run_id: UUID, *, thread_id: UUID | None = None) -> Any:
     Suspended: {"__interrupt__": [...]}; error/timeout: {"__error__": {...}}; otherwise the last
     state values of the run (a rolled-back run: the thread's reverted values).
     """
-    run = Run.objects.filter(id=run_id).first()
-    if run is None:
+    # One query for the common case (a run that ended): its status, error, and the values
+    # of its latest checkpoint, else its thread's.
+    latest = Checkpoint.objects.filter(run_id=OuterRef("id")).order_by("-created_at", "-id")
+    row = (
+        Run.objects.filter(id=run_id)
+        .annotate(
+            has_checkpoint=Exists(latest),
+            last_values=Subquery(latest.values("values")[:1]),
+            thread_values=F("thread__values"),
+        )
+        .values_list("status", "error", "has_checkpoint", "last_values", "thread_values")
+        .first()
+    )
+    if row is None:
         values = None
         if thread_id is not None:
             values = Thread.objects.filter(id=thread_id).values_list("values", flat=True).first()
         return values or {}
-    if run.status == RunStatus.SUSPENDED:
+    status, error, has_checkpoint, last_values, thread_values = row
+    if status == RunStatus.SUSPENDED:
         waiting = list(
-            run.tool_calls.filter(status__in=PENDING_DECISION_STATUSES).order_by("created_at", "id")
+            ToolCall.objects.filter(
+                run_id=run_id, status__in=PENDING_DECISION_STATUSES
+            ).order_by("created_at", "id")
         )
         return {"__interrupt__": interrupts_of(waiting)}
-    if run.status in (RunStatus.ERROR, RunStatus.TIMEOUT):
-        return {"__error__": run.error or {"error": "Error", "message": f"run ended {run.status}"}}
-    checkpoint = latest_checkpoint(run_id=run.id)
-    if checkpoint is not None:
-        return checkpoint.values
-    if run.thread_id is not None:
-        values = Thread.objects.filter(id=run.thread_id).values_list("values", flat=True).first()
-        return values or {}
-    return {}
+    if status in (RunStatus.ERROR, RunStatus.TIMEOUT):
+        return {"__error__": error or {"error": "Error", "message": f"run ended {status}"}}
+    if has_checkpoint:
+        return last_values
+    return thread_values or {}
 
 
 def thread_checkpoint(thread: Thread, checkpoint_id: UUID) -> Checkpoint:
