@@ -948,9 +948,9 @@ def run_result(run_id: UUID, *, thread_id: UUID | None = None) -> Any:
     status, error, has_checkpoint, last_values, thread_values = row
     if status == RunStatus.SUSPENDED:
         waiting = list(
-            ToolCall.objects.filter(
-                run_id=run_id, status__in=PENDING_DECISION_STATUSES
-            ).order_by("created_at", "id")
+            ToolCall.objects.filter(run_id=run_id, status__in=PENDING_DECISION_STATUSES).order_by(
+                "created_at", "id"
+            )
         )
         return {"__interrupt__": interrupts_of(waiting)}
     if status in (RunStatus.ERROR, RunStatus.TIMEOUT):

@@ -29,7 +29,9 @@ from runs.services.core import (
     _audit,
     _check_scope,
     _clear_lease,
+    _insert_events,
     _latest_thread_values,
+    _latest_thread_values_expr,
     _lock_run,
     _notify,
     _notify_cancel_many,
@@ -127,19 +129,24 @@ def _apply_cancel(run: Run, *, action: str, actor: Actor, reason: str = "") -> R
     run.cancel_requested_at = run.cancel_requested_at or now
     run.cancel_reason = run.cancel_reason or reason
     _clear_lease(run)
-    run.save(
-        update_fields=[
-            "status",
-            "finished_at",
-            "cancel_action",
-            "cancel_requested_at",
-            "cancel_reason",
-            *LEASE_CLEARED,
-            "updated_at",
-        ]
+    run.updated_at = now
+    # The row and the event's sequence number in one statement (the event follows).
+    rows = _update_returning(
+        Run.objects.filter(id=run.id),
+        ["last_seq"],
+        status=run.status,
+        finished_at=now,
+        cancel_action=run.cancel_action,
+        cancel_requested_at=run.cancel_requested_at,
+        cancel_reason=run.cancel_reason,
+        updated_at=now,
+        last_seq=F("last_seq") + 1,
+        **LEASE_CLEARED,
     )
-    run.last_seq = _append_events(
+    run.last_seq = rows[0][0]
+    _insert_events(
         run.id,
+        run.last_seq,
         [("cancelled", {"action": "interrupt", "reason": run.cancel_reason}, actor_name(actor))],
     )
     logger.info(
@@ -150,7 +157,12 @@ def _apply_cancel(run: Run, *, action: str, actor: Actor, reason: str = "") -> R
             child, action=CancelAction.INTERRUPT, actor=actor, reason="supervisor cancelled"
         )
     if run.parent_run_id is None and run.thread_id is not None:
-        _refresh_thread(run.thread_id, values=_latest_thread_values(run.thread_id))
+        # It just ended: the thread's last finished run (idle unless another is in flight).
+        _refresh_thread(
+            run.thread_id,
+            values=_latest_thread_values_expr(run.thread_id),
+            finished_status=RunStatus.INTERRUPTED,
+        )
     _announce(run, RunStatus.INTERRUPTED)
     _publish(run)
     return run

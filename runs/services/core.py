@@ -19,7 +19,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, DateTimeField, Exists, F, Q, QuerySet, Value, When
+from django.db.models import Case, DateTimeField, Exists, F, Q, QuerySet, Subquery, Value, When
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
@@ -212,6 +212,15 @@ def _latest_thread_values(thread_id: UUID) -> JSONObject | None:
     )
 
 
+def _latest_thread_values_expr(thread_id: UUID) -> Subquery:
+    """The same as a subquery, for _refresh_thread to store in its one UPDATE."""
+    return Subquery(
+        Checkpoint.objects.filter(thread_id=thread_id)
+        .order_by("-created_at", "-id")
+        .values("values")[:1]
+    )
+
+
 class _Unset(enum.Enum):
     """The default of parameters for which None is a meaningful value."""
 
@@ -224,7 +233,7 @@ _UNSET: Final = _Unset.UNSET
 def _refresh_thread(
     thread_id: UUID | None,
     *,
-    values: JSONObject | _Unset | None = _UNSET,
+    values: JSONObject | Subquery | _Unset | None = _UNSET,
     finished_status: str | None = None,
 ) -> str | None:
     """Derive the thread's status from its runs (and optionally store new values).

@@ -9,6 +9,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Exists
 
 from runs.contracts import Event, FenceResult, JSONObject, JSONValue, Lease, StepWrite
 from runs.exceptions import LeaseLost
@@ -41,7 +42,7 @@ from runs.services.core import (
     logger,
     stateless_expiry,
 )
-from runs.services.notifications import _announce
+from runs.services.notifications import _announce, _rules_of_run
 from runs.services.search import search_refresh
 from runs.services.steps import _step_event, _write_steps
 
@@ -299,10 +300,16 @@ def run_fail_attempt(*, lease: Lease, error: JSONObject) -> Run:
 
 def run_acknowledge_cancel(*, lease: Lease) -> Run | None:
     """The worker stopped a run whose cancel was requested: apply interrupt or rollback."""
+    lease = _complete_lease(lease)  # a worker's lease knows its thread: no lookup
     with transaction.atomic():
-        thread_id = Run.objects.filter(id=lease.run_id).values_list("thread_id", flat=True).first()
-        _lock_thread(thread_id)
+        _lock_thread(lease.thread_id)
         fence = _fence(lease)
-        run = Run.objects.select_for_update(no_key=True).get(id=lease.run_id)
+        # has_rules: whether notification rules may want this run's end (saves _announce a
+        # query when none do).
+        run = (
+            Run.objects.select_for_update(no_key=True)
+            .annotate(has_rules=Exists(_rules_of_run))
+            .get(id=lease.run_id)
+        )
         _apply_cancel(run, action=fence.cancel_action or CancelAction.INTERRUPT, actor=None)
         return None if fence.cancel_action == CancelAction.ROLLBACK else run
