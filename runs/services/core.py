@@ -235,6 +235,7 @@ def _refresh_thread(
     *,
     values: JSONObject | Subquery | _Unset | None = _UNSET,
     finished_status: str | None = None,
+    one_in_flight: bool = False,
 ) -> str | None:
     """Derive the thread's status from its runs (and optionally store new values).
 
@@ -245,7 +246,11 @@ def _refresh_thread(
     if thread_id is None:
         return None
     runs = Run.objects.filter(thread_id=thread_id, parent_run__isnull=True)
-    if finished_status is not None:
+    if one_in_flight:
+        # The caller just parked or queued a run of this thread: busy or interrupted, never
+        # the idle/error fallback, so the last finished run need not be looked up.
+        failed = False
+    elif finished_status is not None:
         # The caller just finished a run: it is the thread's last finished run.
         failed = finished_status in (RunStatus.ERROR, RunStatus.TIMEOUT)
     else:

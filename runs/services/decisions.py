@@ -551,7 +551,7 @@ def _after_decision(run: Run, actor: Actor) -> Run:
         current = parent
     top = current if current.parent_run_id is None else None
     if top is not None and top.status == RunStatus.PENDING:
-        _refresh_thread(top.thread_id)
+        _refresh_thread(top.thread_id, one_in_flight=True)
         _notify(QUEUE_CHANNEL)
     run.refresh_from_db()
     return run

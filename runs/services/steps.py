@@ -140,9 +140,9 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: JSONObject | None = Non
     requested while the run was still running wins: the run is cancelled instead of parked.
     Returns the outer run's new status ("suspended", "interrupted" or "deleted").
     """
+    outer = _complete_lease(plans[-1].lease)  # a worker's lease knows its thread
     with transaction.atomic():
-        outer = plans[-1].lease
-        thread_id = Run.objects.filter(id=outer.run_id).values_list("thread_id", flat=True).first()
+        thread_id = outer.thread_id
         _lock_thread(thread_id)
         outer_fence = _fence(outer, events=1)
         if outer_fence.cancel_action:
@@ -191,7 +191,7 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: JSONObject | None = Non
             parked.append(run)
         if thread_id is not None:
             latest = values if values is not None else _latest_thread_values(thread_id)
-            _refresh_thread(thread_id, values=latest)
+            _refresh_thread(thread_id, values=latest, one_in_flight=True)
         for run in parked:  # after the thread's values: a run webhook's body carries them
             _announce(run, RunStatus.SUSPENDED)
     metrics.SUSPENSIONS.inc(len(plans))
