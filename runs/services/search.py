@@ -15,10 +15,6 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 from uuid import UUID
 
-from django.db import connection
-from django.db.models import OuterRef
-from django.db.models.functions import JSONObject
-
 from runs.models import Run, RunSearch, ToolCall
 
 # PostgreSQL's tsvector holds at most 1 MB: a document is cut well below that (a run's huge
@@ -77,50 +73,27 @@ def search_refresh(*, run_ids: Iterable[UUID]) -> int:
     if not ids:
         return 0
     calls: dict[UUID, list[tuple[str, Any, Any, Any]]] = {}
-    runs = Run.objects.filter(id__in=ids)
-    if connection.vendor == "postgresql":
-        # The run and its tool calls in one query (this runs on every tool call a worker
-        # records: a round trip saved each time).
-        from django.contrib.postgres.expressions import ArraySubquery
-
-        tool_calls = (
-            ToolCall.objects.filter(run_id=OuterRef("id"))
-            .order_by("step", "created_at", "id")
-            .values(
-                call=JSONObject(
-                    name="tool_name", args="args", resume_data="resume_data", result="result"
-                )
-            )
-        )
-        rows: list[tuple[Any, ...]] = list(
-            runs.annotate(calls=ArraySubquery(tool_calls)).values_list(
-                "id", "input", "output", "error", "thread__metadata", "calls"
-            )
-        )
-        for row in rows:
-            calls[row[0]] = [
-                (c["name"], c["args"], c["resume_data"], c["result"]) for c in row[5] or ()
-            ]
-    else:
-        for run_id, name, args, resume_data, result in (
-            ToolCall.objects.filter(run_id__in=ids)
-            .order_by("step", "created_at", "id")
-            .values_list("run_id", "tool_name", "args", "resume_data", "result")
-        ):
-            calls.setdefault(run_id, []).append((name, args, resume_data, result))
-        rows = list(runs.values_list("id", "input", "output", "error", "thread__metadata"))
+    for run_id, name, args, resume_data, result in (
+        ToolCall.objects.filter(run_id__in=ids)
+        .order_by("step", "created_at", "id")
+        .values_list("run_id", "tool_name", "args", "resume_data", "result")
+    ):
+        calls.setdefault(run_id, []).append((name, args, resume_data, result))
+    rows = Run.objects.filter(id__in=ids).values_list(
+        "id", "input", "output", "error", "thread__metadata"
+    )
     documents = [
         RunSearch(
-            run_id=row[0],
+            run_id=run_id,
             document=search_document(
-                input=row[1],
-                output=row[2],
-                error=row[3],
-                thread_metadata=row[4],
-                tool_calls=calls.get(row[0], ()),
+                input=input,
+                output=output,
+                error=error,
+                thread_metadata=metadata,
+                tool_calls=calls.get(run_id, ()),
             ),
         )
-        for row in rows
+        for run_id, input, output, error, metadata in rows
     ]
     RunSearch.objects.bulk_create(
         documents, update_conflicts=True, unique_fields=["run"], update_fields=["document"]
