@@ -18,7 +18,7 @@ from django.test import Client
 from django.utils import timezone
 
 from runs import services
-from runs.exceptions import ValidationFailed
+from runs.exceptions import NotFound, ValidationFailed
 from runs.models import (
     ACTIVE_STATUSES,
     AuditEntry,
@@ -332,20 +332,39 @@ def test_pruning_while_workers_claim_never_deletes_an_active_run(start_worker) -
     start_worker(concurrency=4)
     stop = threading.Event()
     created: list[Any] = []
+    pruned_threads: list[Any] = []
 
     def produce() -> None:
+        # New work on every thread, as fast as the workers take it: a thread gets its next run
+        # once its last one ended (a producer outrunning four slots built a backlog that kept
+        # every thread busy, so nothing was ever prunable, once run_create got faster).
+        live = list(threads)
+        last: dict[Any, Any] = {}
         try:
-            while not stop.is_set():
-                for t in threads:
-                    created.append(
-                        services.run_create(
+            while not stop.is_set() and live:
+                started = time.monotonic()
+                for t in list(live):
+                    if (
+                        t.id in last
+                        and Run.objects.filter(id=last[t.id], status__in=ACTIVE_STATUSES).exists()
+                    ):
+                        continue  # one run in flight per thread: no backlog, idle gaps
+                    try:
+                        run = services.run_create(
                             agent_id="slow",
                             thread_id=t.id,
                             input={"steps": 2, "delay_ms": 5},
                             actor="t",
-                        ).id
-                    )
-                time.sleep(0.05)
+                        )
+                    except NotFound:
+                        # Pruned before anything new landed on it (all its runs were old):
+                        # the create waited for the batch's lock, then found it gone.
+                        pruned_threads.append(t.id)
+                        live.remove(t)
+                        continue
+                    created.append(run.id)
+                    last[t.id] = run.id
+                stop.wait(max(0.0, 0.1 - (time.monotonic() - started)))
         finally:
             close_old_connections()
 
@@ -391,7 +410,9 @@ def test_pruning_while_workers_claim_never_deletes_an_active_run(start_worker) -
     assert claim_waits == []
     assert max((w for w, _ in lock_waits), default=0.0) < 2.0, lock_waits[:5]
     # Everything created while pruning is still there, and the engine finishes it.
+    assert len(created) >= 20, (len(created), len(pruned_threads))
     assert Run.objects.filter(id__in=created).count() == len(created)
+    assert not Run.objects.filter(thread_id__in=pruned_threads).exists()
     wait_for(
         lambda: not Run.objects.filter(id__in=created, status__in=ACTIVE_STATUSES).exists(),
         timeout=120,
