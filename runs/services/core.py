@@ -203,22 +203,17 @@ def _lock_run(run_id: UUID) -> Run:
     return run
 
 
+def _newest_checkpoints(thread_id: UUID) -> QuerySet[Checkpoint]:
+    return Checkpoint.objects.filter(thread_id=thread_id).order_by("-created_at", "-id")
+
+
 def _latest_thread_values(thread_id: UUID) -> JSONObject | None:
-    return (
-        Checkpoint.objects.filter(thread_id=thread_id)
-        .order_by("-created_at", "-id")
-        .values_list("values", flat=True)
-        .first()
-    )
+    return _newest_checkpoints(thread_id).values_list("values", flat=True).first()
 
 
 def _latest_thread_values_expr(thread_id: UUID) -> Subquery:
     """The same as a subquery, for _refresh_thread to store in its one UPDATE."""
-    return Subquery(
-        Checkpoint.objects.filter(thread_id=thread_id)
-        .order_by("-created_at", "-id")
-        .values("values")[:1]
-    )
+    return Subquery(_newest_checkpoints(thread_id).values("values")[:1])
 
 
 class _Unset(enum.Enum):

@@ -17,7 +17,6 @@ from runs.models import (
     Run,
     RunStatus,
     Thread,
-    ThreadStatus,
     ToolCall,
 )
 from runs.services.cancel import _cancel_locked
@@ -32,6 +31,7 @@ from runs.services.core import (
     _notify,
     _now,
     _publish,
+    _refresh_thread,
     _validate_choice,
 )
 from runs.services.decisions import thread_resume
@@ -194,9 +194,7 @@ def run_create(
                     actor=actor,
                     reason=f"replaced by run {run.id} (multitask_strategy={multitask_strategy})",
                 )
-        # The new run is pending, so the thread is busy (what _refresh_thread would derive;
-        # a stateless thread's expiry stays unset while a run is in flight).
-        Thread.objects.filter(id=thread.id).update(status=ThreadStatus.BUSY, updated_at=now)
+        _refresh_thread(thread.id, one_in_flight=True)  # the new run is queued: busy
         _notify(QUEUE_CHANNEL)
         _publish(run)
     return run
