@@ -159,8 +159,7 @@ class RunAdmin(ReadOnlyAdmin):
             return
         self.message_user(
             request,
-            f"Interrupted {len(result.interrupted)} run(s); cancel requested for "
-            f"{len(result.requested)} running run(s). Finished runs were skipped.",
+            f"Interrupted {len(result.interrupted)} run(s). Finished runs were skipped.",
             messages.SUCCESS,
         )
 

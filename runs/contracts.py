@@ -78,13 +78,12 @@ class FenceResult:
 
 @dataclass
 class BulkCancelResult:
-    interrupted: list[UUID] = field(default_factory=list)  # done at once (pending/suspended)
-    deleted: list[UUID] = field(default_factory=list)  # rolled back at once
-    requested: list[UUID] = field(default_factory=list)  # running: the worker finishes it
+    interrupted: list[UUID] = field(default_factory=list)
+    deleted: list[UUID] = field(default_factory=list)  # rolled back
 
     @property
     def count(self) -> int:
-        return len(self.interrupted) + len(self.deleted) + len(self.requested)
+        return len(self.interrupted) + len(self.deleted)
 
 
 @dataclass

@@ -84,3 +84,13 @@ class PermissionDenied(RunsError):
 
 class LeaseLost(Exception):
     """A worker tried to write to a run it no longer owns (fencing). Never shown to users."""
+
+
+class RunCancelled(LeaseLost):
+    """The run was cancelled while this worker held it: a cancel ends a running run in its own
+    transaction, so the worker's next fenced write finds it interrupted (or, rolled back, gone).
+    The worker stops without writing; nothing is lost that a cancel at a boundary would keep."""
+
+    def __init__(self, message: str, *, deleted: bool):
+        super().__init__(message)
+        self.deleted = deleted

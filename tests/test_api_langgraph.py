@@ -459,7 +459,8 @@ def test_it_cancels_with_an_empty_body_and_refuses_finished_runs(api: Client, dr
     r = api.post(f"/api/threads/{tid}/runs/{doomed['run_id']}/cancel?wait=1&action=rollback")
     assert r.status_code == 200
     assert r["Location"] == f"/threads/{tid}/runs/{doomed['run_id']}/join"
-    body_of(r)
+    assert r["Content-Type"] == "application/json"
+    assert json.loads(r.content) == {}  # the thread's values, reverted: it had none
     assert not Run.objects.filter(id=doomed["run_id"]).exists()
     odd = post(api, f"/threads/{tid}/runs", {"assistant_id": "echo"}).json()
     r = api.post(f"/api/threads/{tid}/runs/{odd['run_id']}/cancel?action=explode")

@@ -7,6 +7,7 @@ method, so `/threads/{thread_id}` first would answer POST /threads/search with 4
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from uuid import UUID
 
@@ -613,14 +614,18 @@ async def join_run_stream(
     )
 
 
-def _cancel(caller: Caller, thread_id: UUID, run_id: UUID, action: str) -> Run:
+def _cancel(caller: Caller, thread_id: UUID, run_id: UUID, action: str, wait: bool) -> bytes | None:
     run = selectors.run_get(
         run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
     )
     services.run_cancel(
         run=run, action=action, actor=caller.actor, pinned_resource_id=caller.pinned_resource_id
     )
-    return run
+    if not wait:
+        return None
+    # The cancel ended the run in its own (committed) transaction, running ones included: the
+    # join body is ready, nothing to wait for.
+    return json.dumps(selectors.run_result(run.id, thread_id=run.thread_id), default=str).encode()
 
 
 @runs.post(
@@ -634,11 +639,16 @@ async def cancel_run(
     run_id: UUID,
     wait: str | None = None,
     action: str | None = None,
-) -> HttpResponse | StreamingHttpResponse:
+) -> HttpResponse:
     caller = caller_of(request)
     # LangGraph turns any other action into interrupt; an absent wait means no wait.
     action = "rollback" if action == "rollback" else "interrupt"
-    run = await streaming.db(_cancel, caller, thread_id, run_id, action)
-    if not p.as_bool(wait):
+    body = await streaming.db(_cancel, caller, thread_id, run_id, action, p.as_bool(wait))
+    if body is None:
         return HttpResponse(status=202)
-    return _result_of(request, caller, run, cancel_why=None)
+    base = f"/threads/{thread_id}/runs/{run_id}"
+    return HttpResponse(
+        body,
+        content_type="application/json",
+        headers={"Location": f"{base}/join", "Content-Location": base},
+    )

@@ -33,7 +33,7 @@ from runs.engine.context import NonRetryableError, RunControl, RunStopped
 from runs.engine.delivery import Deliverer
 from runs.engine.loop import Finished, StepLoop, Suspended, error_of
 from runs.engine.registry import get_agent
-from runs.exceptions import LeaseLost, NotFound
+from runs.exceptions import LeaseLost, NotFound, RunCancelled
 from runs.graphs.loader import is_graph_agent
 from runs.models import RunStatus
 from runs.selectors.notifications import stuck_runs_to_announce
@@ -104,6 +104,10 @@ def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
             outcome_status = services.run_suspend(plans=outcome.plans, values=outcome.values)
     except RunStopped as stop:
         outcome_status = _stopped(lease, stop.reason, control)
+    except RunCancelled as done:
+        # Cancelled while it ran: the cancel request ended the run; this worker only stops.
+        outcome_status = "deleted" if done.deleted else RunStatus.INTERRUPTED
+        logger.info("cancelled run=%s attempt=%s; stopped", run.id, lease.attempt)
     except LeaseLost:
         metrics.LEASE_LOSSES.inc()
         logger.warning(
@@ -147,6 +151,8 @@ def _safely(fn: Any) -> str:
     """Record an outcome; a lost lease or a dead connection means another worker owns it now."""
     try:
         return fn()
+    except RunCancelled as done:
+        return "deleted" if done.deleted else RunStatus.INTERRUPTED
     except LeaseLost:
         logger.warning("lease lost while recording an outcome; another worker owns the run")
         return "lost"
@@ -168,12 +174,14 @@ def _stopped(lease: services.Lease, reason: str, control: RunControl) -> str:
         error = {"error": "TimeoutError", "message": "run exceeded its time limit"}
         return _safely(lambda: _finish(lease, RunStatus.TIMEOUT, error))
 
-    # cancel
+    # cancel: the cancel request has normally ended the run already; this only confirms it.
     def ack() -> str:
         run = services.run_acknowledge_cancel(lease=lease)
         return run.status if run is not None else "deleted"
 
-    return _safely(ack)
+    outcome = _safely(ack)
+    logger.info("cancelled run=%s attempt=%s; stopped", lease.run_id, lease.attempt)
+    return outcome
 
 
 class _DaemonPool:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import F, QuerySet, Value
+from django.db.models import Case, Exists, F, QuerySet, TextField, Value, When
 from django.db.models.functions import Coalesce
 
 from runs import metrics
@@ -24,25 +24,24 @@ from runs.models import (
 )
 from runs.services.core import (
     CANCEL_CHANNEL,
+    LATEST_VALUES,
     LEASE_CLEARED,
-    _append_events,
     _audit,
     _check_scope,
     _clear_lease,
     _insert_events,
-    _latest_thread_values,
-    _latest_thread_values_expr,
     _lock_run,
     _notify,
     _notify_cancel_many,
     _now,
     _publish,
     _refresh_thread,
+    _refresh_threads,
     _update_returning,
     _validate_choice,
     logger,
 )
-from runs.services.notifications import _announce
+from runs.services.notifications import _announce, _rules_of_run
 
 
 def run_cancel(
@@ -57,7 +56,7 @@ def run_cancel(
     _validate_choice(action, CancelAction.values, "action")
     _check_scope(run, pinned_resource_id, "Run")
     with transaction.atomic():
-        locked = _lock_run(run.id)
+        locked = _lock_run(run.id, known=run, rules=Exists(_rules_of_run))
         if locked.parent_run_id is not None:
             raise Conflict(
                 f"Run {run.id} is a sub-agent run; cancel its supervisor run "
@@ -91,34 +90,16 @@ def _cancel_locked(
         },
     )
     if run.status == RunStatus.RUNNING:
-        if run.cancel_requested_at is None or run.cancel_action != action:
-            now = _now()
-            run.cancel_action = action
-            run.cancel_requested_at = run.cancel_requested_at or now
-            run.cancel_reason = reason
-            run.save(
-                update_fields=[
-                    "cancel_action",
-                    "cancel_requested_at",
-                    "cancel_reason",
-                    "updated_at",
-                ]
-            )
-            run.last_seq = _append_events(
-                run.id,
-                [("cancel_requested", {"action": action, "reason": reason}, actor_name(actor))],
-            )
-            _notify(CANCEL_CHANNEL, str(run.id))
-            logger.info(
-                "cancel requested run=%s action=%s by=%s", run.id, action, actor_name(actor)
-            )
-            _publish(run)
-        return run
+        # The cancel ends the run here, in this transaction: its lease is cleared, so the
+        # worker's next fenced write is refused (RunCancelled) and it stops; told at commit
+        # (NOTIFY / in process) it stops at once. A tool then still executing has its outcome
+        # recorded (`steps.tool_call_update`), nothing else it would write is kept.
+        _notify(CANCEL_CHANNEL, str(run.id))
     return _apply_cancel(run, action=action, actor=actor, reason=reason)
 
 
 def _apply_cancel(run: Run, *, action: str, actor: Actor, reason: str = "") -> Run | None:
-    """Stop a run now (caller holds thread + run locks and no worker is executing it)."""
+    """End a run now (caller holds thread + run locks); a worker executing it is fenced out."""
     if action == CancelAction.ROLLBACK:
         _rollback_locked(run)
         return None
@@ -158,11 +139,7 @@ def _apply_cancel(run: Run, *, action: str, actor: Actor, reason: str = "") -> R
         )
     if run.parent_run_id is None and run.thread_id is not None:
         # It just ended: the thread's last finished run (idle unless another is in flight).
-        _refresh_thread(
-            run.thread_id,
-            values=_latest_thread_values_expr(run.thread_id),
-            finished_status=RunStatus.INTERRUPTED,
-        )
+        _refresh_thread(run.thread_id, values=LATEST_VALUES, finished_status=RunStatus.INTERRUPTED)
     _announce(run, RunStatus.INTERRUPTED)
     _publish(run)
     return run
@@ -179,7 +156,7 @@ def _rollback_locked(run: Run) -> None:
     if thread_id is not None:
         # Runs on a thread execute one at a time, so the newest checkpoint left is the state
         # from before this run.
-        _refresh_thread(thread_id, values=_latest_thread_values(thread_id))
+        _refresh_thread(thread_id, values=LATEST_VALUES)
 
 
 def runs_cancel_many(
@@ -250,37 +227,21 @@ def runs_cancel_many(
         runs = list(
             Run.objects.select_for_update(no_key=True)
             .filter(id__in=[r for r, _ in targets], status__in=ACTIVE_STATUSES)
+            .annotate(has_rules=Exists(_rules_of_run))
             .order_by("id")
         )
-        # Running runs only get a request written on their rows: done for all of them in a few
-        # statements (a sweep of hundreds of runaway runs must not take a round trip each).
-        asked = [
-            r
-            for r in runs
-            if r.status == RunStatus.RUNNING
-            and (r.cancel_requested_at is None or r.cancel_action != action)
-        ]
-        _request_cancel_many(asked, action=action, actor=actor, reason=reason)
-        result.requested.extend(r.id for r in asked)
-        asked_ids = {r.id for r in asked}
-        for run in runs:
-            if run.id in asked_ids:
-                continue
-            outcome = _cancel_locked(run, action=action, actor=actor, reason=reason)
-            if outcome is None:
-                result.deleted.append(run.id)
-            elif outcome.status == RunStatus.RUNNING:
-                result.requested.append(run.id)
-            else:
-                result.interrupted.append(run.id)
+        # All of them in a few statements whatever their number (a sweep of hundreds of
+        # runaway runs must not take a round trip each).
+        if action == CancelAction.ROLLBACK:
+            _rollback_many(runs, actor=actor, reason=reason)
+            result.deleted.extend(r.id for r in runs)
+        else:
+            _interrupt_many(runs, actor=actor, reason=reason)
+            result.interrupted.extend(r.id for r in runs)
     return result
 
 
-def _request_cancel_many(runs: Sequence[Run], *, action: str, actor: Actor, reason: str) -> None:
-    """`_cancel_locked` for running runs, batched: audit rows, the request and one
-    `cancel_requested` event per run, one notification. Caller holds the runs' row locks."""
-    if not runs:
-        return
+def _audit_many(runs: Sequence[Run], *, action: str, actor: Actor, reason: str) -> None:
     target = "deleted" if action == CancelAction.ROLLBACK else RunStatus.INTERRUPTED
     AuditEntry.objects.bulk_create(
         AuditEntry(
@@ -296,41 +257,86 @@ def _request_cancel_many(runs: Sequence[Run], *, action: str, actor: Actor, reas
         )
         for run in runs
     )
+    count = len(runs)
+    transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc(count))
+    _notify_cancel_many([r.id for r in runs if r.status == RunStatus.RUNNING])
+
+
+def _interrupt_many(runs: Sequence[Run], *, actor: Actor, reason: str) -> None:
+    """`_apply_cancel(action=interrupt)` for many top-level runs (locked, active) at once."""
+    if not runs:
+        return
+    _audit_many(runs, action=CancelAction.INTERRUPT, actor=actor, reason=reason)
     now = _now()
-    # One UPDATE writes every request and reserves each run's next event seq (RETURNING).
     rows = _update_returning(
         Run.objects.filter(id__in=[r.id for r in runs]),
         ["id", "last_seq"],
-        cancel_action=action,
+        status=RunStatus.INTERRUPTED,
+        finished_at=now,
+        cancel_action=CancelAction.INTERRUPT,
         cancel_requested_at=Coalesce(F("cancel_requested_at"), Value(now)),
-        cancel_reason=reason,
-        last_seq=F("last_seq") + 1,
+        cancel_reason=Case(
+            When(cancel_reason="", then=Value(reason)),
+            default=F("cancel_reason"),
+            output_field=TextField(),
+        ),
         updated_at=now,
+        last_seq=F("last_seq") + 1,
+        **LEASE_CLEARED,
     )
     seqs = dict(rows)
-    by_id = {r.id: r for r in runs}
     name = actor_name(actor)
+    for run in runs:
+        run.status = RunStatus.INTERRUPTED
+        run.finished_at = now
+        run.cancel_action = CancelAction.INTERRUPT
+        run.cancel_requested_at = run.cancel_requested_at or now
+        run.cancel_reason = run.cancel_reason or reason
+        run.updated_at = now
+        run.last_seq = seqs[run.id]
+        _clear_lease(run)
     RunEvent.objects.bulk_create(
         RunEvent(
-            run_id=run_id,
-            seq=seq,
-            kind="cancel_requested",
-            data={"action": action, "reason": reason},
+            run_id=run.id,
+            seq=run.last_seq,
+            kind="cancelled",
+            data={"action": "interrupt", "reason": run.cancel_reason},
             actor=name,
         )
-        for run_id, seq in seqs.items()
+        for run in runs
     )
-    _notify_cancel_many(list(seqs))
-    for run_id, seq in seqs.items():
-        run = by_id[run_id]
-        run.last_seq = seq
-        run.cancel_action = action
-        run.cancel_requested_at = run.cancel_requested_at or now
-        run.cancel_reason = reason
+    children = Run.objects.filter(
+        parent_run_id__in=[r.id for r in runs], status__in=ACTIVE_STATUSES
+    )
+    for child in children:
+        _apply_cancel(
+            child, action=CancelAction.INTERRUPT, actor=actor, reason="supervisor cancelled"
+        )
+    _refresh_threads(
+        sorted({r.thread_id for r in runs if r.thread_id is not None}),
+        values=LATEST_VALUES,
+        finished_status=RunStatus.INTERRUPTED,
+    )
+    for run in runs:
+        _announce(run, RunStatus.INTERRUPTED)
         _publish(run)
-    count = len(seqs)
-    transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc(count))
-    logger.info("cancel requested for %d running runs action=%s by=%s", count, action, name)
+    logger.info("cancel %d runs action=interrupt by=%s", len(runs), name)
+
+
+def _rollback_many(runs: Sequence[Run], *, actor: Actor, reason: str) -> None:
+    """`_apply_cancel(action=rollback)` for many top-level runs (locked, active) at once."""
+    if not runs:
+        return
+    _audit_many(runs, action=CancelAction.ROLLBACK, actor=actor, reason=reason)
+    for run in runs:
+        _publish(run, status="deleted", seq=run.last_seq + 1)
+    Run.objects.filter(id__in=[r.id for r in runs]).delete()
+    # Runs on a thread execute one at a time, so the newest checkpoint left on each is the
+    # state from before its run.
+    _refresh_threads(
+        sorted({r.thread_id for r in runs if r.thread_id is not None}), values=LATEST_VALUES
+    )
+    logger.info("cancel %d runs action=rollback by=%s", len(runs), actor_name(actor))
 
 
 def run_delete(*, run: Run, actor: Actor, pinned_resource_id: str | None = None) -> None:

@@ -19,7 +19,19 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, DateTimeField, Exists, F, Q, QuerySet, Subquery, Value, When
+from django.db.models import (
+    Case,
+    DateTimeField,
+    Exists,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.lookups import In
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
@@ -34,7 +46,7 @@ from runs.contracts import (
     actor_name,
 )
 from runs.engine import wakeup
-from runs.exceptions import LeaseLost, NotFound, ValidationFailed
+from runs.exceptions import LeaseLost, NotFound, RunCancelled, ValidationFailed
 from runs.models import (
     ACTIVE_STATUSES,
     TERMINAL_STATUSES,
@@ -191,13 +203,23 @@ def _lock_thread(thread_id: UUID | None) -> None:
         list(Thread.objects.select_for_update(no_key=True).filter(id=thread_id).values("id"))
 
 
-def _lock_run(run_id: UUID) -> Run:
-    """Lock a run for a decision or a cancel, in the documented order (thread, then run)."""
-    thread_id = Run.objects.filter(id=run_id).values_list("thread_id", flat=True).first()
-    if thread_id is None and not Run.objects.filter(id=run_id).exists():
-        raise NotFound(f"Run {run_id} not found")
+def _lock_run(run_id: UUID, *, known: Run | None = None, rules: Exists | None = None) -> Run:
+    """Lock a run for a decision or a cancel, in the documented order (thread, then run).
+
+    `known`: the run as the caller read it (a run never changes thread: no lookup needed).
+    `rules`: annotate `has_rules` with it (spares `_announce` a query when no rule applies).
+    """
+    if known is not None:
+        thread_id = known.thread_id
+    else:
+        thread_id = Run.objects.filter(id=run_id).values_list("thread_id", flat=True).first()
+        if thread_id is None and not Run.objects.filter(id=run_id).exists():
+            raise NotFound(f"Run {run_id} not found")
     _lock_thread(thread_id)
-    run = Run.objects.select_for_update(no_key=True).filter(id=run_id).first()
+    locking = Run.objects.select_for_update(no_key=True, of=("self",)).filter(id=run_id)
+    if rules is not None:
+        locking = locking.annotate(has_rules=rules)
+    run = locking.first()
     if run is None:
         raise NotFound(f"Run {run_id} not found")
     return run
@@ -211,11 +233,6 @@ def _latest_thread_values(thread_id: UUID) -> JSONObject | None:
     return _newest_checkpoints(thread_id).values_list("values", flat=True).first()
 
 
-def _latest_thread_values_expr(thread_id: UUID) -> Subquery:
-    """The same as a subquery, for _refresh_thread to store in its one UPDATE."""
-    return Subquery(_newest_checkpoints(thread_id).values("values")[:1])
-
-
 class _Unset(enum.Enum):
     """The default of parameters for which None is a meaningful value."""
 
@@ -225,22 +242,48 @@ class _Unset(enum.Enum):
 _UNSET: Final = _Unset.UNSET
 
 
+class _Latest(enum.Enum):
+    """`values=LATEST_VALUES`: store each thread's newest checkpoint (a correlated subquery)."""
+
+    VALUES = enum.auto()
+
+
+LATEST_VALUES: Final = _Latest.VALUES
+
+
 def _refresh_thread(
     thread_id: UUID | None,
     *,
-    values: JSONObject | Subquery | _Unset | None = _UNSET,
+    values: JSONObject | _Latest | _Unset | None = _UNSET,
     finished_status: str | None = None,
     one_in_flight: bool = False,
 ) -> str | None:
     """Derive the thread's status from its runs (and optionally store new values).
 
     busy: a pending or running run; interrupted: a suspended run; error: the last finished run
-    failed; idle otherwise. Caller holds the thread lock. One UPDATE: the active-run checks are
+    failed; idle otherwise. Caller holds the thread lock. One UPDATE: the run checks are
     subqueries of it, evaluated under the lock.
     """
     if thread_id is None:
         return None
-    runs = Run.objects.filter(thread_id=thread_id, parent_run__isnull=True)
+    statuses = _refresh_threads(
+        [thread_id], values=values, finished_status=finished_status, one_in_flight=one_in_flight
+    )
+    return statuses[0] if statuses else None
+
+
+def _refresh_threads(
+    thread_ids: Sequence[UUID],
+    *,
+    values: JSONObject | _Latest | _Unset | None = _UNSET,
+    finished_status: str | None = None,
+    one_in_flight: bool = False,
+) -> list[str]:
+    """`_refresh_thread` for many threads in one UPDATE (caller holds their locks)."""
+    if not thread_ids:
+        return []
+    runs = Run.objects.filter(thread_id=OuterRef("id"), parent_run__isnull=True)
+    failed: In | bool
     if one_in_flight:
         # The caller just parked or queued a run of this thread: busy or interrupted, never
         # the idle/error fallback, so the last finished run need not be looked up.
@@ -249,21 +292,24 @@ def _refresh_thread(
         # The caller just finished a run: it is the thread's last finished run.
         failed = finished_status in (RunStatus.ERROR, RunStatus.TIMEOUT)
     else:
-        last = (
+        last = Subquery(
             runs.filter(status__in=TERMINAL_STATUSES)
             .order_by(F("finished_at").desc(nulls_last=True), "-created_at")
-            .values_list("status", flat=True)
-            .first()
+            .values("status")[:1]
         )
-        failed = last in (RunStatus.ERROR, RunStatus.TIMEOUT)
-    idle = ThreadStatus.ERROR if failed else ThreadStatus.IDLE
+        failed = In(last, [RunStatus.ERROR, RunStatus.TIMEOUT])
+    idle: Case | Value
+    if isinstance(failed, bool):
+        idle = Value(ThreadStatus.ERROR if failed else ThreadStatus.IDLE)
+    else:
+        idle = Case(When(failed, then=Value(ThreadStatus.ERROR)), default=Value(ThreadStatus.IDLE))
     status = Case(
         When(
             Exists(runs.filter(status__in=(RunStatus.PENDING, RunStatus.RUNNING))),
             then=Value(ThreadStatus.BUSY),
         ),
         When(Exists(runs.filter(status=RunStatus.SUSPENDED)), then=Value(ThreadStatus.INTERRUPTED)),
-        default=Value(idle),
+        default=idle,
     )
     now = _now()
     update: dict[str, object] = {"status": status, "updated_at": now}
@@ -278,10 +324,16 @@ def _refresh_thread(
         ),
         default=F("expires_at"),
     )
-    if values is not _UNSET:
+    if values is LATEST_VALUES:
+        update["values"] = Subquery(
+            Checkpoint.objects.filter(thread_id=OuterRef("id"))
+            .order_by("-created_at", "-id")
+            .values("values")[:1]
+        )
+    elif values is not _UNSET:
         update["values"] = values
-    rows = _update_returning(Thread.objects.filter(id=thread_id), ["status"], **update)
-    return rows[0][0] if rows else None
+    rows = _update_returning(Thread.objects.filter(id__in=list(thread_ids)), ["status"], **update)
+    return [row[0] for row in rows]
 
 
 def stateless_expiry(now: datetime) -> datetime:
@@ -365,10 +417,21 @@ def _fence(lease: Lease, *, events: int = 0, **changes: object) -> FenceResult:
         **changes,
     )
     if not rows:
-        raise LeaseLost(
-            f"run {lease.run_id}: lease (owner {lease.owner}, attempt {lease.attempt}) lost"
-        )
+        raise _lease_lost(lease)
     return FenceResult(last_seq=rows[0][0], cancel_action=rows[0][1])
+
+
+def _lease_lost(lease: Lease) -> LeaseLost:
+    """Why a fenced write matched no row: cancelled under this lease (RunCancelled: the worker
+    stops quietly), or lost (reaped and claimed again, released, deleted with its thread)."""
+    row = Run.objects.filter(id=lease.run_id).values_list("status", "attempt").first()
+    lost = f"run {lease.run_id}: lease (owner {lease.owner}, attempt {lease.attempt})"
+    if row is None:
+        # A running run disappears through a rollback (or with its thread): nothing to keep.
+        return RunCancelled(f"{lost}: the run was deleted", deleted=True)
+    if row == (RunStatus.INTERRUPTED, lease.attempt):
+        return RunCancelled(f"{lost}: the run was cancelled", deleted=False)
+    return LeaseLost(f"{lost} lost")
 
 
 def _complete_lease(lease: Lease) -> Lease:

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.db.models import Exists
 
 from runs.contracts import Event, FenceResult, JSONObject, JSONValue, Lease, StepWrite
-from runs.exceptions import LeaseLost
+from runs.exceptions import RunCancelled
 from runs.models import (
     ACTIVE_STATUSES,
     CancelAction,
@@ -31,6 +31,7 @@ from runs.services.core import (
     _insert_events,
     _is_postgres,
     _latest_thread_values,
+    _lease_lost,
     _lock_thread,
     _notify,
     _now,
@@ -199,9 +200,7 @@ def _finish_success_postgres(
             cursor.execute(_FINISH_SQL_POSTGRES, params)
             row = cursor.fetchone()
         if row is None:
-            raise LeaseLost(
-                f"run {lease.run_id}: lease (owner {lease.owner}, attempt {lease.attempt}) lost"
-            )
+            raise _lease_lost(lease)
         if row[2]:
             _announce(lease.run_id, RunStatus.SUCCESS)
         search_refresh(run_ids=[lease.run_id])
@@ -299,17 +298,25 @@ def run_fail_attempt(*, lease: Lease, error: JSONObject) -> Run:
 
 
 def run_acknowledge_cancel(*, lease: Lease) -> Run | None:
-    """The worker stopped a run whose cancel was requested: apply interrupt or rollback."""
+    """The worker stopped a run it was told was cancelled. Returns the run, or None if deleted.
+
+    A cancel ends a running run in its own transaction, so normally there is nothing left to
+    do. A request written on the row but not applied (by an older version, during an upgrade)
+    is applied here, as before.
+    """
     lease = _complete_lease(lease)  # a worker's lease knows its thread: no lookup
-    with transaction.atomic():
-        _lock_thread(lease.thread_id)
-        fence = _fence(lease)
-        # has_rules: whether notification rules may want this run's end (saves _announce a
-        # query when none do).
-        run = (
-            Run.objects.select_for_update(no_key=True)
-            .annotate(has_rules=Exists(_rules_of_run))
-            .get(id=lease.run_id)
-        )
-        _apply_cancel(run, action=fence.cancel_action or CancelAction.INTERRUPT, actor=None)
-        return None if fence.cancel_action == CancelAction.ROLLBACK else run
+    try:
+        with transaction.atomic():
+            _lock_thread(lease.thread_id)
+            fence = _fence(lease)
+            # has_rules: whether notification rules may want this run's end (saves _announce a
+            # query when none do).
+            run = (
+                Run.objects.select_for_update(no_key=True)
+                .annotate(has_rules=Exists(_rules_of_run))
+                .get(id=lease.run_id)
+            )
+            _apply_cancel(run, action=fence.cancel_action or CancelAction.INTERRUPT, actor=None)
+            return None if fence.cancel_action == CancelAction.ROLLBACK else run
+    except RunCancelled as done:
+        return None if done.deleted else Run.objects.filter(id=lease.run_id).first()

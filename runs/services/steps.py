@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from django.db import transaction
+from django.db.models import F
 
 from runs import metrics
 from runs.contracts import (
@@ -18,6 +19,7 @@ from runs.contracts import (
     interrupt_of,
 )
 from runs.engine.registry import review_policy, tool_description
+from runs.exceptions import RunCancelled
 from runs.models import (
     CancelAction,
     Checkpoint,
@@ -41,6 +43,7 @@ from runs.services.core import (
     _publish_fenced,
     _refresh_thread,
     _Unset,
+    _update_returning,
     logger,
 )
 from runs.services.notifications import _announce
@@ -99,27 +102,83 @@ def tool_call_update(
     result: JSONValue | _Unset = _UNSET,
     event: Event | None = None,
 ) -> FenceResult:
-    """Record a tool call's progress (running / succeeded / failed) under the run's fence."""
+    """Record a tool call's progress (running / succeeded / failed) under the run's fence.
+
+    A tool that finishes after its run was cancelled (the cancel ended the run while the tool
+    was executing) still has its outcome recorded, marked `after_cancel`, before RunCancelled
+    stops the worker: what a tool did must not vanish from the record.
+    """
     lease = _complete_lease(lease)
-    with transaction.atomic():
-        fence = _fence(lease, events=1 if event else 0)
-        now = _now()
-        update: dict[str, object] = {"status": status}
-        if status == ToolCallStatus.RUNNING:
-            update["started_at"] = now
-        if status in (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED):
-            update["finished_at"] = now
-        if result is not _UNSET:
-            update["result"] = result
-        ToolCall.objects.filter(id=tool_call.id).update(**update)
-        if result is not _UNSET:
-            search_refresh(run_ids=[lease.run_id])
-        for key, value in update.items():
-            setattr(tool_call, key, value)
-        if event:
-            _insert_events(lease.run_id, fence.last_seq, [event])
-            _publish_fenced(lease, fence.last_seq)
+    update = _tool_call_changes(status, result)
+    try:
+        with transaction.atomic():
+            fence = _fence(lease, events=1 if event else 0)
+            _write_tool_call(lease, tool_call, update, event, fence.last_seq)
+    except RunCancelled as stop:
+        if status in (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED) and not stop.deleted:
+            _record_after_cancel(lease, tool_call, update, event)
+        raise
     return fence
+
+
+def _tool_call_changes(status: str, result: JSONValue | _Unset) -> dict[str, object]:
+    now = _now()
+    update: dict[str, object] = {"status": status}
+    if status == ToolCallStatus.RUNNING:
+        update["started_at"] = now
+    if status in (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED):
+        update["finished_at"] = now
+    if result is not _UNSET:
+        update["result"] = result
+    return update
+
+
+def _write_tool_call(
+    lease: Lease,
+    tool_call: ToolCall,
+    update: dict[str, object],
+    event: Event | None,
+    seq: int,
+    run_status: str = RunStatus.RUNNING,
+) -> None:
+    ToolCall.objects.filter(id=tool_call.id).update(**update)
+    if "result" in update:
+        search_refresh(run_ids=[lease.run_id])
+    for key, value in update.items():
+        setattr(tool_call, key, value)
+    if event:
+        _insert_events(lease.run_id, seq, [event])
+        _publish_fenced(lease, seq, status=run_status)
+
+
+def _record_after_cancel(
+    lease: Lease, tool_call: ToolCall, update: dict[str, object], event: Event | None
+) -> None:
+    """The outcome of a call that was executing when its run was cancelled under this lease
+    (same attempt, run interrupted, call still `running`): written, or nothing if any differ."""
+    with transaction.atomic():
+        rows = _update_returning(
+            Run.objects.filter(
+                id=lease.run_id, attempt=lease.attempt, status=RunStatus.INTERRUPTED
+            ),
+            ["last_seq"],
+            last_seq=F("last_seq") + (1 if event else 0),
+        )
+        if (
+            not rows
+            or not ToolCall.objects.filter(id=tool_call.id, status=ToolCallStatus.RUNNING).exists()
+        ):
+            transaction.set_rollback(True)
+            return
+        if event:
+            kind, data, actor = event
+            event = (kind, {**data, "after_cancel": True}, actor)
+        _write_tool_call(lease, tool_call, update, event, rows[0][0], RunStatus.INTERRUPTED)
+    logger.info(
+        "tool call %s of cancelled run=%s finished after the cancel: recorded",
+        tool_call.tool_call_id,
+        lease.run_id,
+    )
 
 
 def run_emit(*, lease: Lease, kind: str, data: JSONObject) -> None:

@@ -341,19 +341,7 @@ def _bulk_panel(
 def _bulk_summary(action: str, result: services.BulkCancelResult) -> str:
     rollback = action == "rollback"
     done = len(result.deleted) if rollback else len(result.interrupted)
-    parts = []
-    if done or not result.requested:
-        parts.append(
-            f"{'Rolled back' if rollback else 'Interrupted'} {done} run{'s' if done != 1 else ''}"
-        )
-    if result.requested:
-        n = len(result.requested)
-        parts.append(
-            f"{n} running run{'s' if n != 1 else ''} will stop at {'their' if n != 1 else 'its'} "
-            f"next step and then be {'rolled back' if rollback else 'interrupted'}"
-        )
-    text = "; ".join(parts)
-    return text[0].upper() + text[1:] + "."
+    return f"{'Rolled back' if rollback else 'Interrupted'} {done} run{'s' if done != 1 else ''}."
 
 
 # --------------------------------------------------------------------------------------------

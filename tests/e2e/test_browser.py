@@ -206,7 +206,7 @@ def test_support_bulk_rolls_back_running_slow_runs_and_they_disappear(
     expect(panel).to_contain_text("Roll back 3 runs?")
     expect(panel).to_contain_text("3 running")
     panel.locator("button[data-confirm-bulk]").click()
-    expect(panel).to_contain_text("3 running runs will stop at their next step")
+    expect(panel).to_contain_text("Rolled back 3 runs.")  # running ones too: at once
 
     for run in runs:
         expect(page.locator(f"#run-row-{run.id}")).to_have_count(0, timeout=20_000)
