@@ -614,7 +614,9 @@ async def join_run_stream(
     )
 
 
-def _cancel(caller: Caller, thread_id: UUID, run_id: UUID, action: str, wait: bool) -> bytes | None:
+def _cancel(
+    caller: Caller, thread_id: UUID, run_id: UUID, action: str, wait: bool
+) -> tuple[Run, bytes | None]:
     run = selectors.run_get(
         run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
     )
@@ -622,10 +624,11 @@ def _cancel(caller: Caller, thread_id: UUID, run_id: UUID, action: str, wait: bo
         run=run, action=action, actor=caller.actor, pinned_resource_id=caller.pinned_resource_id
     )
     if not wait:
-        return None
+        return run, None
     # The cancel ended the run in its own (committed) transaction, running ones included: the
     # join body is ready, nothing to wait for.
-    return json.dumps(selectors.run_result(run.id, thread_id=run.thread_id), default=str).encode()
+    result = selectors.run_result(run.id, thread_id=run.thread_id)
+    return run, json.dumps(result, default=str).encode()
 
 
 @runs.post(
@@ -643,10 +646,10 @@ async def cancel_run(
     caller = caller_of(request)
     # LangGraph turns any other action into interrupt; an absent wait means no wait.
     action = "rollback" if action == "rollback" else "interrupt"
-    body = await streaming.db(_cancel, caller, thread_id, run_id, action, p.as_bool(wait))
+    run, body = await streaming.db(_cancel, caller, thread_id, run_id, action, p.as_bool(wait))
     if body is None:
         return HttpResponse(status=202)
-    base = f"/threads/{thread_id}/runs/{run_id}"
+    base = _run_path(run)
     return HttpResponse(
         body,
         content_type="application/json",

@@ -180,7 +180,8 @@ def _stopped(lease: services.Lease, reason: str, control: RunControl) -> str:
         return run.status if run is not None else "deleted"
 
     outcome = _safely(ack)
-    logger.info("cancelled run=%s attempt=%s; stopped", lease.run_id, lease.attempt)
+    if outcome != "lost":  # (a lost lease was logged by _safely)
+        logger.info("cancelled run=%s attempt=%s; stopped", lease.run_id, lease.attempt)
     return outcome
 
 
