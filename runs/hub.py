@@ -9,9 +9,11 @@ channel in the `runs` group (the one group every run change is published to, aft
 runs/live.py) and hands each change to the local waiters and sockets it concerns: the groups
 `runs`, `run.<id>` (and the parent run's) and `thread.<id>` are derived here from the message.
 
-A waiter registers locally before it reads the database, so a change committed between its
-read and its wait still wakes it. Messages only wake; the database stays the truth (a waiter
-that hears nothing re-reads it after a short poll).
+A waiter registers locally before it reads the database (or before the run it waits for is
+created), so a change committed between its read and its wait still wakes it. Messages only
+wake; the database stays the truth (a waiter that hears nothing re-reads it after a short poll).
+A message's status lets a waiter that only needs a run's end skip the read of a change that
+cannot be one (pending, running).
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import contextlib
 import logging
 import weakref
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from channels.layers import get_channel_layer
 
 from runs import live
+from runs.models import RunStatus
 
 logger = logging.getLogger("runs.live")
 
@@ -35,11 +38,57 @@ logger = logging.getLogger("runs.live")
 REJOIN_SECONDS = 600.0
 
 
+# A change to one of these statuses cannot end a wait: a waiter that only needs the run's end
+# (wait, join) need not read the database for it.
+GOING = frozenset({RunStatus.PENDING.value, RunStatus.RUNNING.value})
+
+
+class _Slot:
+    """What the hub sets for one waiter (the waiter itself is not held, so it can be collected)."""
+
+    __slots__ = ("event", "may_have_stopped")
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.may_have_stopped = False
+
+
+class Waiter:
+    """One waiter on a run's changes: `event` is set on every change; `may_have_stopped` once a
+    change said something other than pending/running (or said no status)."""
+
+    def __init__(self, hub: Hub, key: str) -> None:
+        self._hub = hub
+        self._slot = _Slot()
+        hub._register(key, self._slot)
+        self.close = weakref.finalize(self, hub._discard, key, self._slot)
+
+    async def __aenter__(self) -> Waiter:
+        await self._hub.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def event(self) -> asyncio.Event:
+        return self._slot.event
+
+    @property
+    def may_have_stopped(self) -> bool:
+        return self._slot.may_have_stopped
+
+    def clear(self) -> None:
+        """Forget what was heard (before a read of the database, which sees all of it)."""
+        self._slot.event.clear()
+        self._slot.may_have_stopped = False
+
+
 class Hub:
     """The run-change fan-out of one event loop."""
 
     def __init__(self) -> None:
-        self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._waiters: dict[str, set[_Slot]] = defaultdict(set)
         self._listeners: dict[str, set[Callable[[dict[str, Any]], None]]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
@@ -92,10 +141,13 @@ class Hub:
                     await layer.group_add(live.RUNS_GROUP, channel)
 
     def _wake(self, message: dict[str, Any]) -> None:
+        going = message.get("status") in GOING
         for key in (message.get("run_id"), message.get("parent_run_id")):
             if key:
-                for event in self._waiters.get(str(key), ()):
-                    event.set()
+                for slot in self._waiters.get(str(key), ()):
+                    slot.event.set()
+                    if not going:
+                        slot.may_have_stopped = True
         if not self._listeners:
             return
         for group in live.groups_of(message):
@@ -116,21 +168,22 @@ class Hub:
             if not listeners:
                 del self._listeners[group]
 
-    @contextlib.asynccontextmanager
-    async def watch(self, run_id: Any) -> AsyncIterator[asyncio.Event]:
-        """An event set whenever `run_id` (or a sub-agent run of it) changes."""
-        key = str(run_id)
-        event = asyncio.Event()
-        self._waiters[key].add(event)
-        try:
-            await self.start()
-            yield event
-        finally:
-            waiters = self._waiters.get(key)
-            if waiters is not None:
-                waiters.discard(event)
-                if not waiters:
-                    del self._waiters[key]
+    def watch(self, run_id: Any) -> Waiter:
+        """A waiter on `run_id` (and its sub-agent runs), registered now, before anything is
+        read: a change committed from here on wakes it. Use it as `async with` (which joins the
+        channel layer first), or `start()` the hub and `close()` it yourself; a waiter that is
+        garbage-collected unregisters itself."""
+        return Waiter(self, str(run_id))
+
+    def _register(self, key: str, slot: _Slot) -> None:
+        self._waiters[key].add(slot)
+
+    def _discard(self, key: str, slot: _Slot) -> None:
+        waiters = self._waiters.get(key)
+        if waiters is not None:
+            waiters.discard(slot)
+            if not waiters:
+                del self._waiters[key]
 
     def waiting(self) -> int:
         return sum(len(w) for w in self._waiters.values())

@@ -18,7 +18,6 @@ from asgiref.typing import (
     Scope,
 )
 from django.core.asgi import get_asgi_application
-from django.core.handlers.asgi import ASGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runsite.settings")
 django_asgi_app = get_asgi_application()
@@ -30,26 +29,13 @@ from django.conf import settings  # noqa: E402
 
 from runs import live  # noqa: E402
 from runs.routing import websocket_urlpatterns  # noqa: E402
+from runsite.handlers import ApiHandler  # noqa: E402
 
 API_PREFIX = "/api/"
 
 
-class ApiHandler(ASGIHandler):
-    """Django's handler with `settings.API_MIDDLEWARE` instead of `MIDDLEWARE`, for /api/."""
-
-    def load_middleware(self, is_async: bool = False) -> None:
-        # BaseHandler reads settings.MIDDLEWARE itself; swap it only while the chain is built
-        # (once, at import, before the server takes requests).
-        full = settings.MIDDLEWARE
-        settings.MIDDLEWARE = settings.API_MIDDLEWARE
-        try:
-            super().load_middleware(is_async)
-        finally:
-            settings.MIDDLEWARE = full
-
-
 # django-stubs types the handler's own signature more narrowly than asgiref's protocol.
-_api_app = cast(ASGI3Application, ApiHandler())
+_api_app = cast(ASGI3Application, ApiHandler(threads=settings.RUNS_API_THREADS))
 
 _router = ProtocolTypeRouter(
     {

@@ -324,6 +324,9 @@ RUNS_SHUTDOWN_GRACE_SECONDS = env_float("RUNS_SHUTDOWN_GRACE_SECONDS", 10.0)
 RUNS_NOTIFY = env_bool("RUNS_NOTIFY", True)  # pg_notify wake-ups; off = poll only (tests)
 RUNS_EMBEDDED_WORKER = env_bool("RUNS_EMBEDDED_WORKER", False)
 RUNS_API_AUTH = env_bool("RUNS_API_AUTH", True)
+# Threads per web process serving the API's synchronous views (each holds one pooled database
+# connection while it serves a request).
+RUNS_API_THREADS = env_int("RUNS_API_THREADS", 8, minimum=1)
 RUNS_METRICS_TOKEN = env_str("RUNS_METRICS_TOKEN", "")
 RUNS_STUCK_MINUTES = env_int("RUNS_STUCK_MINUTES", 10, minimum=1)
 # Retention (docs/deploy.md): unset = keep forever. Workers prune ended runs older than this

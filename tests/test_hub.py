@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import uuid
+from dataclasses import replace
 
 import pytest
 from channels.layers import get_channel_layer
 
 from runs import live
-from runs.hub import hub
+from runs.hub import Waiter, hub
 
 
 def change(run_id: str, parent: str | None = None) -> live.RunChange:
@@ -27,15 +29,15 @@ async def test_a_published_change_wakes_only_the_waiters_of_that_run() -> None:
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
     async with hub().watch(a) as woken_a, hub().watch(b) as woken_b:
         await live._send(change(a))
-        await asyncio.wait_for(woken_a.wait(), timeout=2)
-        assert not woken_b.is_set()
+        await asyncio.wait_for(woken_a.event.wait(), timeout=2)
+        assert not woken_b.event.is_set()
 
 
 async def test_a_sub_agent_change_wakes_its_parent_waiters() -> None:
     parent, child = str(uuid.uuid4()), str(uuid.uuid4())
     async with hub().watch(parent) as woken:
         await live._send(change(child, parent=parent))
-        await asyncio.wait_for(woken.wait(), timeout=2)
+        await asyncio.wait_for(woken.event.wait(), timeout=2)
 
 
 async def test_waiters_share_one_subscription_per_loop() -> None:
@@ -48,7 +50,7 @@ async def test_waiters_share_one_subscription_per_loop() -> None:
             members = len(layer.groups.get(live.RUNS_GROUP, {}))
             assert members - groups_before <= 1
         await live._send(change(ids[7]))
-        await asyncio.wait_for(events[7].wait(), timeout=2)
+        await asyncio.wait_for(events[7].event.wait(), timeout=2)
     assert hub().waiting() == 0
 
 
@@ -57,7 +59,7 @@ class watching_all:  # noqa: N801 - reads like the context manager it is
         self.ids = ids
         self.managers = [hub().watch(i) for i in ids]
 
-    async def __aenter__(self) -> list[asyncio.Event]:
+    async def __aenter__(self) -> list[Waiter]:
         return [await m.__aenter__() for m in self.managers]
 
     async def __aexit__(self, *exc: object) -> None:
@@ -71,4 +73,38 @@ async def test_it_works_over_redis_too(settings) -> None:
     a = str(uuid.uuid4())
     async with hub().watch(a) as woken:
         await live._send(change(a))
-        await asyncio.wait_for(woken.wait(), timeout=2)
+        await asyncio.wait_for(woken.event.wait(), timeout=2)
+
+
+async def test_a_waiter_hears_whether_a_change_may_have_ended_its_run() -> None:
+    run_id = str(uuid.uuid4())
+    async with hub().watch(run_id) as waiter:
+        for status in ("pending", "running"):
+            await live._send(replace(change(run_id), status=status))
+            await asyncio.wait_for(waiter.event.wait(), timeout=2)
+            assert not waiter.may_have_stopped, status
+            waiter.clear()
+        await live._send(replace(change(run_id), status="suspended"))
+        await asyncio.wait_for(waiter.event.wait(), timeout=2)
+        assert waiter.may_have_stopped
+        waiter.clear()
+        assert not waiter.event.is_set() and not waiter.may_have_stopped
+        await live._send(replace(change(run_id), status="deleted"))
+        await asyncio.wait_for(waiter.event.wait(), timeout=2)
+        assert waiter.may_have_stopped
+
+
+async def test_a_waiter_registered_before_its_run_exists_is_woken_and_a_dropped_one_leaves() -> (
+    None
+):
+    run_id = str(uuid.uuid4())
+    await hub().start()
+    before = hub().waiting()
+    waiter = hub().watch(run_id)  # registered at once, before anything is published
+    assert hub().waiting() == before + 1
+    await live._send(change(run_id))
+    await asyncio.wait_for(waiter.event.wait(), timeout=2)
+    # A response body that never started drops its waiter unclosed: it must not stay behind.
+    del waiter
+    gc.collect()
+    assert hub().waiting() == before

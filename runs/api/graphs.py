@@ -207,7 +207,11 @@ def _refuse_unsupported(payload: RunCreateIn) -> None:
 
 
 def create_run(
-    caller: Caller, payload: RunCreateIn, thread_id: UUID | None, stream_mode: list[str]
+    caller: Caller,
+    payload: RunCreateIn,
+    thread_id: UUID | None,
+    stream_mode: list[str],
+    run_id: UUID | None = None,
 ) -> Run:
     """Create a graph run, or resume the thread's suspended graph run (`command.resume`)."""
     agent = graph_agent_for(payload.assistant_id)
@@ -263,6 +267,7 @@ def create_run(
         after_seconds=payload.after_seconds,
         pinned_resource_id=caller.pinned_resource_id,
         webhook=payload.webhook or "",
+        run_id=run_id,
     )
     head = Thread.objects.filter(runs=run).only("id", "metadata").first()
     if head is not None and "graph_id" not in (head.metadata or {}):

@@ -47,6 +47,8 @@ from runs.api.schemas import (
 from runs.engine.agent import Agent
 from runs.engine.registry import all_agents
 from runs.exceptions import NotFound, ValidationFailed
+from runs.hub import Waiter, hub
+from runs.ids import uuid7
 from runs.models import Run, Thread
 
 assistants = Router(tags=["assistants"])
@@ -356,10 +358,14 @@ def post_thread_history(
 
 
 def _create_run(
-    caller: Caller, payload: RunCreateIn, thread_id: UUID | None, stream_mode: list[str]
+    caller: Caller,
+    payload: RunCreateIn,
+    thread_id: UUID | None,
+    stream_mode: list[str],
+    run_id: UUID | None = None,
 ) -> Run:
     if graph_api.graph_agent_for(payload.assistant_id) is not None:  # runs/api/graphs.py
-        return graph_api.create_run(caller, payload, thread_id, stream_mode)
+        return graph_api.create_run(caller, payload, thread_id, stream_mode, run_id)
     payload.refuse_unsupported()
     agent_id = p.agent_id_for_run(payload.assistant_id)
     command = payload.command_given()
@@ -380,6 +386,7 @@ def _create_run(
         after_seconds=payload.after_seconds,
         pinned_resource_id=caller.pinned_resource_id,
         webhook=payload.webhook or "",
+        run_id=run_id,
     )
 
 
@@ -415,10 +422,15 @@ def _sse_of(
 
 
 def _result_of(
-    request: HttpRequest, caller: Caller, run: Run, *, cancel_why: str | None
+    request: HttpRequest,
+    caller: Caller,
+    run: Run,
+    *,
+    cancel_why: str | None,
+    waiter: Waiter | None = None,
 ) -> StreamingHttpResponse:
     guard, headers = _followed(request, caller, run, "join", cancel_why)
-    body = streaming.result_body(run.id, thread_id=run.thread_id, guard=guard)
+    body = streaming.result_body(run.id, thread_id=run.thread_id, guard=guard, waiter=waiter)
     return streaming.json_stream_response(body, headers)
 
 
@@ -444,8 +456,21 @@ async def _wait_new_run(
 ) -> StreamingHttpResponse:
     caller = caller_of(request)
     modes = streaming.parse_stream_modes(payload.stream_mode) or ["values"]
-    run = await streaming.db(_create_run, caller, payload, thread_id, modes)
-    return _result_of(request, caller, run, cancel_why=_on_disconnect(payload))
+    # Watched before it exists: the run's changes from its creation on wake this request, so
+    # it reads the database only once the run may have ended (not after the create, nor on
+    # "running").
+    run_id = uuid7()
+    waiter = hub().watch(run_id)
+    try:
+        run = await streaming.db(_create_run, caller, payload, thread_id, modes, run_id)
+    except BaseException:
+        waiter.close()
+        raise
+    cancel_why = _on_disconnect(payload)
+    if run.id != run_id:  # a resumed run: followed from a read, as join does
+        waiter.close()
+        return _result_of(request, caller, run, cancel_why=cancel_why)
+    return _result_of(request, caller, run, cancel_why=cancel_why, waiter=waiter)
 
 
 # Stateless runs (a temporary thread is created for each).

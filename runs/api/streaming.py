@@ -24,7 +24,7 @@ from django.http import StreamingHttpResponse
 from runs import selectors, services
 from runs.exceptions import RunsError, ValidationFailed
 from runs.graphs.streams import frames as graph_frames
-from runs.hub import hub
+from runs.hub import Waiter, hub
 from runs.models import RunEvent, RunStatus
 
 logger = logging.getLogger("runs.api")
@@ -78,7 +78,13 @@ HEARTBEAT = _Heartbeat()
 
 
 class RunFollower:
-    """Yields a run's events after `after` (or heartbeats) until it stops or is deleted."""
+    """Yields a run's events after `after` (or heartbeats) until it stops or is deleted.
+
+    Without events (`with_events=False`: wait, join) only the run's end matters: a change
+    published as pending or running wakes the follower without a read of the database; any other
+    change, and every poll, reads it. `waiter` is one registered before the run was created (the
+    caller then knows its status, `known_status`, and the first read is skipped as well).
+    """
 
     def __init__(
         self,
@@ -87,6 +93,8 @@ class RunFollower:
         after: int = 0,
         with_events: bool = True,
         final: Callable[[], Any] | None = None,
+        waiter: Waiter | None = None,
+        known_status: str | None = None,
     ):
         self.run_id = run_id
         self.after = after
@@ -94,21 +102,21 @@ class RunFollower:
         # Read in the same database call as the stopped status (saves a round trip per run).
         self.final = final
         self.result: Any = None
-        self.status: str | None = None
+        self.status: str | None = known_status if waiter is not None else None
         self.attempt = 0
-        self._wake = asyncio.Event()
-        self._watch: contextlib.AbstractAsyncContextManager[asyncio.Event] | None = None
+        self._waiter = waiter
 
     async def __aenter__(self) -> RunFollower:
         # Registered with this process's hub before the first read, so a change committed
         # between the read and the wait still wakes us (no channel-layer call per request).
-        self._watch = hub().watch(self.run_id)
-        self._wake = await self._watch.__aenter__()
+        if self._waiter is None:
+            self._waiter = hub().watch(self.run_id)
+        await self._waiter.__aenter__()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        if self._watch is not None:
-            await self._watch.__aexit__(None, None, None)
+        if self._waiter is not None:
+            self._waiter.close()
 
     def _read(self, limit: int) -> tuple[str | None, int, list[RunEvent]]:
         status, attempt, events = selectors.run_stream_state(
@@ -119,27 +127,36 @@ class RunFollower:
         return status, attempt, events
 
     async def items(self) -> AsyncIterator[RunEvent | _Heartbeat]:
+        assert self._waiter is not None, "use the follower as `async with`"
+        waiter = self._waiter
         limit = 200 if self.with_events else 0
         next_beat = time.monotonic() + HEARTBEAT_SECONDS
+        read = self.status is None
         while True:
-            self._wake.clear()
-            status, attempt, events = await db(self._read, limit)
-            self.status, self.attempt = status, attempt
-            for event in events:
-                self.after = event.seq
-                yield event
-            if status is None or (status in STOPPED and len(events) < max(limit, 1)):
-                return
-            if events and len(events) >= limit:
-                continue  # a backlog: read on before waiting
+            if read:
+                waiter.clear()
+                status, attempt, events = await db(self._read, limit)
+                self.status, self.attempt = status, attempt
+                for event in events:
+                    self.after = event.seq
+                    yield event
+                if status is None or (status in STOPPED and len(events) < max(limit, 1)):
+                    return
+                if events and len(events) >= limit:
+                    continue  # a backlog: read on before waiting
             now = time.monotonic()
             if now >= next_beat:
                 next_beat = now + HEARTBEAT_SECONDS
                 yield HEARTBEAT
+            woke = False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
-                    self._wake.wait(), timeout=min(POLL_SECONDS, max(0.01, next_beat - now))
+                    waiter.event.wait(), timeout=min(POLL_SECONDS, max(0.01, next_beat - now))
                 )
+                woke = True
+            read = self.with_events or not woke or waiter.may_have_stopped
+            if not read:
+                waiter.event.clear()  # heard "still going": wait on
 
 
 # --- SSE frames ------------------------------------------------------------------------------
@@ -361,14 +378,19 @@ async def result_body(
     *,
     thread_id: UUID | None,
     guard: DisconnectGuard | None = None,
+    waiter: Waiter | None = None,
 ) -> AsyncIterator[bytes]:
-    """`\\n` keep-alives while the run is going, then one JSON value (LangGraph /wait body)."""
+    """`\\n` keep-alives while the run is going, then one JSON value (LangGraph /wait body).
+
+    `waiter`: registered before the run was created, which left it pending."""
     completed = False
     try:
         follower = RunFollower(
             run_id,
             with_events=False,
             final=lambda: selectors.run_result(run_id, thread_id=thread_id),
+            waiter=waiter,
+            known_status=RunStatus.PENDING,
         )
         async with follower:
             async for _item in follower.items():

@@ -10,6 +10,7 @@ from django.db import transaction
 from runs.contracts import Actor, JSONObject, JSONValue, Lease, actor_name, assistant_uuid
 from runs.engine.registry import get_agent
 from runs.exceptions import Conflict, NotFound, Unsupported, ValidationFailed
+from runs.ids import uuid7
 from runs.models import (
     ACTIVE_STATUSES,
     TERMINAL_STATUSES,
@@ -54,8 +55,12 @@ def run_create(
     after_seconds: float | None = None,
     pinned_resource_id: str | None = None,
     webhook: str = "",
+    run_id: UUID | None = None,
 ) -> Run:
     """Create a run (or, with `command.resume`, resume the thread's suspended run).
+
+    `run_id`: the id the new run gets (default: a fresh one), so a caller can watch for its
+    changes before it exists; a resumed run keeps its own id.
 
     `webhook` (LangGraph's): a URL POSTed the run when it suspends or ends (notifications);
     a URL that may not be called is refused (422 naming `webhook`). On resume it replaces the
@@ -159,6 +164,7 @@ def run_create(
             raise Conflict(REJECT_MESSAGE, code="thread_busy")
         now = _now()
         run = Run.objects.create(
+            id=run_id or uuid7(),
             thread=thread,
             agent_id=agent_id,
             resource_id=thread.resource_id,

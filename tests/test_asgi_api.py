@@ -1,0 +1,110 @@
+"""The API through the ASGI application a server runs (runsite/asgi.py → runsite/handlers.py):
+a synchronous view's whole request on one thread, asynchronous views on Django's own path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from channels.db import database_sync_to_async as sync_to_async
+from django.core.signals import request_finished, request_started
+
+from runs import services
+from runs.models import Thread
+from runsite.asgi import application
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def key(settings: Any) -> str:
+    settings.RUNS_API_AUTH = True
+    return services.api_key_create(name="asgi")[1]
+
+
+@pytest.fixture
+def signal_threads() -> Iterator[dict[str, list[int]]]:
+    """The threads `request_started` and `request_finished` were sent on."""
+    seen: dict[str, list[int]] = {"started": [], "finished": []}
+
+    def started(**_: Any) -> None:
+        seen["started"].append(threading.get_ident())
+
+    def finished(**_: Any) -> None:
+        seen["finished"].append(threading.get_ident())
+
+    request_started.connect(started, weak=False)
+    request_finished.connect(finished, weak=False)
+    yield seen
+    request_started.disconnect(started)
+    request_finished.disconnect(finished)
+
+
+def client(key: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=application),
+        base_url="http://127.0.0.1",
+        headers={"x-api-key": key},
+    )
+
+
+async def test_a_synchronous_view_is_served_on_one_thread_off_the_event_loop(
+    key, signal_threads
+) -> None:
+    async with client(key) as api:
+        response = await api.post("/api/threads", json={"metadata": {"team": "ops"}})
+    assert response.status_code == 200, response.text
+    thread_id = response.json()["thread_id"]
+    assert (await sync_to_async(Thread.objects.get)(id=thread_id)).metadata["team"] == "ops"
+    # request_started, the view and request_finished (which hands the database connection
+    # back) ran on one thread, not on the event loop's.
+    assert len(signal_threads["started"]) == 1
+    assert signal_threads["started"] == signal_threads["finished"]
+    assert signal_threads["started"][0] != threading.get_ident()
+
+
+async def test_errors_keep_their_answers_on_the_one_thread_path(key) -> None:
+    async with client(key) as api:
+        bad_json = await api.post(
+            "/api/threads", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        missing = await api.get("/api/threads/00000000-0000-0000-0000-000000000000")
+        no_route = await api.get("/api/no-such-thing")
+        no_key = await api.get(
+            "/api/threads/00000000-0000-0000-0000-000000000000", headers={"x-api-key": "wrong"}
+        )
+    assert bad_json.status_code in (400, 422), bad_json.text
+    assert missing.status_code == 404 and missing.json()["code"] == "thread_not_found"
+    assert no_route.status_code == 404
+    assert no_key.status_code == 401
+
+
+async def test_requests_in_parallel_are_served_side_by_side(key) -> None:
+    async with client(key) as api:
+        responses = await asyncio.gather(*(api.post("/api/threads", json={}) for _ in range(12)))
+    assert [r.status_code for r in responses] == [200] * 12
+    assert len({r.json()["thread_id"] for r in responses}) == 12
+
+
+async def test_an_asynchronous_view_keeps_djangos_path(key, drain) -> None:
+    async with client(key) as api:
+        thread_id = (await api.post("/api/threads", json={})).json()["thread_id"]
+        waiting = asyncio.ensure_future(
+            api.post(
+                f"/api/threads/{thread_id}/runs/wait",
+                json={"assistant_id": "echo", "input": {"n": 1}},
+            )
+        )
+        for _ in range(100):
+            if await sync_to_async(lambda: Thread.objects.get(id=thread_id).runs.exists())():
+                break
+            await asyncio.sleep(0.05)
+        await sync_to_async(drain)()
+        response = await asyncio.wait_for(waiting, timeout=10)
+    assert response.status_code == 200
+    assert json.loads(response.content)["output"] == {"echo": {"n": 1}}
