@@ -639,29 +639,12 @@ async def join_run_stream(
     )
 
 
-def _cancel(
-    caller: Caller, thread_id: UUID, run_id: UUID, action: str, wait: bool
-) -> tuple[Run, bytes | None]:
-    run = selectors.run_get(
-        run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
-    )
-    services.run_cancel(
-        run=run, action=action, actor=caller.actor, pinned_resource_id=caller.pinned_resource_id
-    )
-    if not wait:
-        return run, None
-    # The cancel ended the run in its own (committed) transaction, running ones included: the
-    # join body is ready, nothing to wait for.
-    result = selectors.run_result(run.id, thread_id=run.thread_id)
-    return run, json.dumps(result, default=str).encode()
-
-
 @runs.post(
     "/threads/{thread_id}/runs/{run_id}/cancel",
     response={202: None, **errors(404, 409)},
     openapi_extra=JSON_BODY_200,
 )
-async def cancel_run(
+def cancel_run(
     request: HttpRequest,
     thread_id: UUID,
     run_id: UUID,
@@ -671,12 +654,20 @@ async def cancel_run(
     caller = caller_of(request)
     # LangGraph turns any other action into interrupt; an absent wait means no wait.
     action = "rollback" if action == "rollback" else "interrupt"
-    run, body = await streaming.db(_cancel, caller, thread_id, run_id, action, p.as_bool(wait))
-    if body is None:
+    run = selectors.run_get(
+        run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
+    )
+    services.run_cancel(
+        run=run, action=action, actor=caller.actor, pinned_resource_id=caller.pinned_resource_id
+    )
+    if not p.as_bool(wait):
         return HttpResponse(status=202)
+    # The cancel ended the run in its own (committed) transaction, running ones included: the
+    # join body is ready, nothing to wait for.
+    result = selectors.run_result(run.id, thread_id=run.thread_id)
     base = _run_path(run)
     return HttpResponse(
-        body,
+        json.dumps(result, default=str),
         content_type="application/json",
         headers={"Location": f"{base}/join", "Content-Location": base},
     )

@@ -114,7 +114,8 @@
     // delete it, and a pushed version of the row (which can overtake the answer to the
     // decision) keeps it marked, or the next push would delete it.
     if (cur.keep) {
-      if (incoming.getAttribute("hx-swap-oob") === "delete") {
+      // htmx drops hx-swap-oob before this event: a deletion says so in data-delete.
+      if (inc.delete !== undefined) {
         evt.detail.shouldSwap = false;
         return;
       }
