@@ -22,16 +22,10 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runsite.settings")
 django_asgi_app = get_asgi_application()
 
-from django.conf import settings  # noqa: E402
-
-from runsite.memory import limit_malloc_arenas  # noqa: E402
-
-# Before the server starts its threads: they take their arenas on their first allocation.
-limit_malloc_arenas(settings.RUNS_MALLOC_ARENAS, explicit=settings.RUNS_MALLOC_ARENAS_EXPLICIT)
-
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs apps loaded)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 from runs import live  # noqa: E402
 from runs.routing import websocket_urlpatterns  # noqa: E402

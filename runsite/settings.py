@@ -327,9 +327,6 @@ RUNS_API_AUTH = env_bool("RUNS_API_AUTH", True)
 # Threads per web process serving the API's synchronous views (each holds one pooled database
 # connection while it serves a request).
 RUNS_API_THREADS = env_int("RUNS_API_THREADS", 8, minimum=1)
-# glibc malloc arenas of a web process (runsite/memory.py); 0 keeps glibc's default.
-RUNS_MALLOC_ARENAS = env_int("RUNS_MALLOC_ARENAS", 2)
-RUNS_MALLOC_ARENAS_EXPLICIT = bool(os.environ.get("RUNS_MALLOC_ARENAS", "").strip())
 RUNS_METRICS_TOKEN = env_str("RUNS_METRICS_TOKEN", "")
 RUNS_STUCK_MINUTES = env_int("RUNS_STUCK_MINUTES", 10, minimum=1)
 # Retention (docs/deploy.md): unset = keep forever. Workers prune ended runs older than this
