@@ -61,7 +61,7 @@ class Waiter:
         self._hub = hub
         self._slot = _Slot()
         hub._register(key, self._slot)
-        self.close = weakref.finalize(self, hub._discard, key, self._slot)
+        self.close = weakref.finalize(self, hub._discard_from_anywhere, key, self._slot)
 
     async def __aenter__(self) -> Waiter:
         await self._hub.start()
@@ -87,7 +87,8 @@ class Waiter:
 class Hub:
     """The run-change fan-out of one event loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
         self._waiters: dict[str, set[_Slot]] = defaultdict(set)
         self._listeners: dict[str, set[Callable[[dict[str, Any]], None]]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
@@ -178,6 +179,19 @@ class Hub:
     def _register(self, key: str, slot: _Slot) -> None:
         self._waiters[key].add(slot)
 
+    def _discard_from_anywhere(self, key: str, slot: _Slot) -> None:
+        # A waiter is closed on the loop, or garbage-collected on whichever thread the
+        # collector ran: the waiter sets are only changed on the loop's thread.
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is self._loop:
+            self._discard(key, slot)
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing waits
+                self._loop.call_soon_threadsafe(self._discard, key, slot)
+
     def _discard(self, key: str, slot: _Slot) -> None:
         waiters = self._waiters.get(key)
         if waiters is not None:
@@ -197,5 +211,5 @@ def hub() -> Hub:
     loop = asyncio.get_running_loop()
     found = _hubs.get(loop)
     if found is None:
-        found = _hubs[loop] = Hub()
+        found = _hubs[loop] = Hub(loop)
     return found

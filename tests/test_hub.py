@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import uuid
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from channels.layers import get_channel_layer
@@ -108,3 +110,25 @@ async def test_a_waiter_registered_before_its_run_exists_is_woken_and_a_dropped_
     del waiter
     gc.collect()
     assert hub().waiting() == before
+
+
+async def test_a_waiter_closed_off_the_loop_is_unregistered_on_the_loop(monkeypatch) -> None:
+    # The garbage collector may finalize a dropped waiter on any thread; the hub's sets are only
+    # changed on its loop (a change from another thread could break a fan-out under way).
+    h = hub()
+    await h.start()
+    before = h.waiting()
+    threads: list[int] = []
+    discard = h._discard
+
+    def on_which_thread(key: str, slot: Any) -> None:
+        threads.append(threading.get_ident())
+        discard(key, slot)
+
+    monkeypatch.setattr(h, "_discard", on_which_thread)
+    waiter = h.watch(str(uuid.uuid4()))
+    assert h.waiting() == before + 1
+    await asyncio.to_thread(waiter.close)
+    await asyncio.sleep(0)
+    assert h.waiting() == before
+    assert threads == [threading.get_ident()]
