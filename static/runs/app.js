@@ -124,10 +124,13 @@
   });
 
   // A decision sent from an inbox row keeps that row on screen whatever arrives first: the
-  // answer (the decided row) or a push saying the run left the inbox.
+  // answer (the decided row) or a push saying the run left the inbox. A claim, release or
+  // assignment is not a decision: the row leaves when someone else decides.
   document.addEventListener("htmx:beforeRequest", function (evt) {
-    var row = evt.detail.elt.closest && evt.detail.elt.closest("tr.row[id^=inbox-row-]");
-    if (row && evt.detail.requestConfig && evt.detail.requestConfig.verb === "post") row.dataset.keep = "1";
+    var elt = evt.detail.elt;
+    var row = elt.closest && elt.closest("tr.row[id^=inbox-row-]");
+    if (!row || elt.closest(".claim")) return;
+    if (evt.detail.requestConfig && evt.detail.requestConfig.verb === "post") row.dataset.keep = "1";
   });
 
   // A pushed row that is not on the page: insert it where the server says it belongs.
