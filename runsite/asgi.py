@@ -29,9 +29,12 @@ from django.conf import settings  # noqa: E402
 
 from runs import live  # noqa: E402
 from runs.routing import websocket_urlpatterns  # noqa: E402
+from runsite import server_tuning  # noqa: E402
 from runsite.handlers import ApiHandler  # noqa: E402
 
 API_PREFIX = "/api/"
+
+server_tuning.apply()  # Daphne's per-request work nothing reads (runsite/server_tuning.py)
 
 
 # django-stubs types the handler's own signature more narrowly than asgiref's protocol.

@@ -16,6 +16,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.middleware.security import SecurityMiddleware as DjangoSecurityMiddleware
 from whitenoise.middleware import WhiteNoiseMiddleware
 
 logger = logging.getLogger("runsite")
@@ -117,6 +118,21 @@ class RejectNulMiddleware(_BothWays):
                     status=422,
                 )
         return None
+
+
+class SecurityMiddleware(DjangoSecurityMiddleware):
+    """Django's SecurityMiddleware, with its checks run inline in async mode.
+
+    Django's MiddlewareMixin calls `process_request` and `process_response` through
+    `sync_to_async` for an async request: two hops to a thread and back per request for a
+    redirect check and a few headers, which touch neither the database nor the disk.
+    """
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        response = self.process_request(request)
+        if response is None:
+            response = await self.get_response(request)  # type: ignore[misc]  # async chain
+        return self.process_response(request, response)
 
 
 class StaticFilesMiddleware(WhiteNoiseMiddleware):

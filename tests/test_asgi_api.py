@@ -108,3 +108,53 @@ async def test_an_asynchronous_view_keeps_djangos_path(key, drain) -> None:
         response = await asyncio.wait_for(waiting, timeout=10)
     assert response.status_code == 200
     assert json.loads(response.content)["output"] == {"echo": {"n": 1}}
+
+
+async def test_security_middleware_runs_inline_for_an_asynchronous_view(
+    key, drain, monkeypatch
+) -> None:
+    """runsite.middleware.SecurityMiddleware: Django's checks and headers, without the two hops
+    to a thread Django's MiddlewareMixin makes for an async request."""
+    from runsite.middleware import SecurityMiddleware
+
+    seen: list[int] = []
+    original = SecurityMiddleware.process_response
+
+    def spy(self: Any, request: Any, response: Any) -> Any:
+        seen.append(threading.get_ident())
+        return original(self, request, response)
+
+    monkeypatch.setattr(SecurityMiddleware, "process_response", spy)
+    async with client(key) as api:
+        thread_id = (await api.post("/api/threads", json={})).json()["thread_id"]
+        created = await api.post(
+            f"/api/threads/{thread_id}/runs", json={"assistant_id": "echo", "input": {"n": 2}}
+        )
+        await sync_to_async(drain)()
+        joined = await api.get(f"/api/threads/{thread_id}/runs/{created.json()['run_id']}/join")
+    assert joined.status_code == 200 and joined.json()["output"] == {"echo": {"n": 2}}
+    for response in (created, joined):  # a synchronous view and an asynchronous one
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["referrer-policy"] == "same-origin"
+    loop_thread = threading.get_ident()
+    assert len(seen) == 3 and seen[-1] == loop_thread  # the join: on the event loop
+    assert seen[0] != loop_thread  # threads.create: on its one-hop thread
+
+
+async def test_security_middleware_still_redirects_an_asynchronous_request(settings) -> None:
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from runsite.middleware import SecurityMiddleware
+
+    settings.SECURE_SSL_REDIRECT = True  # read when the middleware is built, as at start-up
+
+    async def view(request: Any) -> HttpResponse:
+        return HttpResponse("reached")
+
+    middleware = SecurityMiddleware(view)
+    plain = await middleware(RequestFactory().get("/api/ok"))
+    secure = await middleware(RequestFactory().get("/api/ok", secure=True))
+    assert plain.status_code == 301 and plain["Location"] == "https://testserver/api/ok"
+    assert secure.status_code == 200 and secure.content == b"reached"
+    assert secure["X-Content-Type-Options"] == "nosniff"
