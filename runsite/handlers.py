@@ -1,16 +1,22 @@
-"""The ASGI handler for /api/: Django's, with the API's own middleware chain, and a synchronous
-view served in one hop to a thread.
+"""The ASGI handler for /api/: Django's, with the API's own middleware chain, and its requests
+served on a long-lived thread pool instead of a thread started per request.
 
 Django's ASGI handler serves a synchronous view in three hops between the event loop and a
 thread (the `request_started` receivers, the view, `response.close()` with `request_finished`),
 each on a thread created for the request, plus a task listening for a disconnect the view
 cannot act on. Here a synchronous view's whole request (signals, middleware, view, close) runs in
-one call on a long-lived thread pool; the event loop only reads the body and writes the answer.
-Asynchronous views (wait, join, stream) take Django's own path unchanged.
+one call on the pool; the event loop only reads the body and writes the answer.
+
+An asynchronous view (wait, join, stream) runs on the event loop as under Django, with the same
+disconnect handling, but its synchronous parts go to the pool: `request_started`, the request's
+creation and its API-key check in one hop (the key check is the one ninja's auth would make in a
+hop of its own), the view's database calls (`runs/api/streaming.db`), and the close with
+`request_finished`. Django would start a thread for the request and hop to it for each.
 """
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from typing import Any
@@ -21,7 +27,11 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.db import connection
 from django.urls import Resolver404, get_resolver, set_script_prefix
+
+from runs.api import streaming
+from runs.api.auth import api_key_auth
 
 
 def _load_api_middleware(handler: base.BaseHandler, is_async: bool) -> None:
@@ -55,20 +65,67 @@ class ApiHandler(ASGIHandler):
         _load_api_middleware(self, is_async)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if not self._is_sync_view(scope["path"]):
-            await super().__call__(scope, receive, send)
-            return
+        sync_view = self._is_sync_view(scope["path"])
         try:
             body_file = await self.read_body(receive)
         except RequestAborted:
             return
         with closing(body_file):
             set_script_prefix(get_script_prefix(scope))
-            respond = sync_to_async(self._respond, thread_sensitive=False, executor=self._pool)
-            response = await respond(scope, body_file)
+            if not sync_view:
+                await self._serve_async(scope, receive, send, body_file)
+                return
+            response = await self._in_pool(self._respond, scope, body_file)
             await self.send_response(response, send)
             if response.streaming:
-                await sync_to_async(response.close, thread_sensitive=False, executor=self._pool)()
+                await self._in_pool(response.close)
+
+    async def _in_pool(self, fn: Any, *args: Any) -> Any:
+        return await sync_to_async(fn, thread_sensitive=False, executor=self._pool)(*args)
+
+    async def _serve_async(self, scope: Any, receive: Any, send: Any, body_file: Any) -> None:
+        """Django's `ASGIHandler.handle` for an async view, its sync parts on the pool."""
+        pool = streaming.API_EXECUTOR.set(self._pool)
+        try:
+            request, response = await self._in_pool(self._begin, scope, body_file)
+            if request is None:
+                await self.send_response(response, send)
+                await self._in_pool(response.close)
+                return
+
+            class RequestProcessed(Exception):
+                pass
+
+            response = None
+            try:
+                try:
+                    async with asyncio.TaskGroup() as tg:
+                        tg.create_task(self.listen_for_disconnect(receive))
+                        response = await self.run_get_response(request)
+                        await self.send_response(response, send)
+                        raise RequestProcessed
+                except* (RequestProcessed, RequestAborted):
+                    pass
+            except BaseExceptionGroup as group:
+                if len(group.exceptions) == 1:
+                    raise group.exceptions[0] from None
+                raise
+            if response is None:  # the client left before the answer was ready
+                await self._in_pool(lambda: signals.request_finished.send(sender=self.__class__))
+            else:
+                await self._in_pool(response.close)
+        finally:
+            streaming.API_EXECUTOR.reset(pool)
+
+    def _begin(self, scope: Any, body_file: Any) -> tuple[Any, Any]:
+        """`request_started`, the request, and its caller (API key), in one hop."""
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, response = self.create_request(scope, body_file)
+        if request is not None:
+            api_key_auth.resolve_ahead(request)
+            if not connection.in_atomic_block:
+                connection.close()  # back to the pool: the view's calls run on other threads
+        return request, response
 
     def _is_sync_view(self, path: str) -> bool:
         try:

@@ -1,5 +1,6 @@
 """The API through the ASGI application a server runs (runsite/asgi.py → runsite/handlers.py):
-a synchronous view's whole request on one thread, asynchronous views on Django's own path."""
+a synchronous view's whole request on one thread, an asynchronous view's sync parts on the
+handler's pool."""
 
 from __future__ import annotations
 
@@ -91,23 +92,74 @@ async def test_requests_in_parallel_are_served_side_by_side(key) -> None:
     assert len({r.json()["thread_id"] for r in responses}) == 12
 
 
-async def test_an_asynchronous_view_keeps_djangos_path(key, drain) -> None:
+async def test_an_asynchronous_view_runs_its_sync_parts_on_the_pool(
+    key, drain, monkeypatch
+) -> None:
+    """A /wait: request_started, the request and its API-key check in one hop to the handler's
+    pool, the view on the event loop, request_finished on the pool; no thread of its own."""
+    from runs import selectors
+
+    seen: list[tuple[str, str]] = []
+
+    def note(what: str) -> None:
+        seen.append((what, threading.current_thread().name))
+
+    def started(**_: Any) -> None:
+        note("started")
+
+    def finished(**_: Any) -> None:
+        note("finished")
+
+    real_lookup = selectors.api_key_for_raw
+
+    def lookup(raw: str) -> Any:
+        note("key")
+        return real_lookup(raw)
+
+    monkeypatch.setattr(selectors, "api_key_for_raw", lookup)
     async with client(key) as api:
         thread_id = (await api.post("/api/threads", json={})).json()["thread_id"]
-        waiting = asyncio.ensure_future(
-            api.post(
-                f"/api/threads/{thread_id}/runs/wait",
-                json={"assistant_id": "echo", "input": {"n": 1}},
+        seen.clear()
+        request_started.connect(started, weak=False)
+        request_finished.connect(finished, weak=False)
+        try:
+            waiting = asyncio.ensure_future(
+                api.post(
+                    f"/api/threads/{thread_id}/runs/wait",
+                    json={"assistant_id": "echo", "input": {"n": 1}},
+                )
             )
-        )
-        for _ in range(100):
-            if await sync_to_async(lambda: Thread.objects.get(id=thread_id).runs.exists())():
-                break
-            await asyncio.sleep(0.05)
-        await sync_to_async(drain)()
-        response = await asyncio.wait_for(waiting, timeout=10)
+            for _ in range(100):
+                if await sync_to_async(lambda: Thread.objects.get(id=thread_id).runs.exists())():
+                    break
+                await asyncio.sleep(0.05)
+            await sync_to_async(drain)()
+            response = await asyncio.wait_for(waiting, timeout=10)
+        finally:
+            request_started.disconnect(started)
+            request_finished.disconnect(finished)
     assert response.status_code == 200
     assert json.loads(response.content)["output"] == {"echo": {"n": 1}}
+    assert [what for what, _ in seen] == ["started", "key", "finished"]
+    assert seen[0][1] == seen[1][1]  # the key was checked in the hop that created the request
+    assert all(name.startswith("api") for _, name in seen), seen
+
+
+async def test_an_asynchronous_view_refuses_a_wrong_key(key) -> None:
+    async with client(key) as api:
+        thread_id = (await api.post("/api/threads", json={})).json()["thread_id"]
+        wrong = await api.post(
+            f"/api/threads/{thread_id}/runs/wait",
+            json={"assistant_id": "echo", "input": {}},
+            headers={"x-api-key": "wrong"},
+        )
+        missing = await api.post(
+            f"/api/threads/{thread_id}/runs/wait",
+            json={"assistant_id": "echo", "input": {}},
+            headers={"x-api-key": ""},
+        )
+    assert wrong.status_code == 401 and missing.status_code == 401
+    assert not await sync_to_async(lambda: Thread.objects.get(id=thread_id).runs.exists())()
 
 
 async def test_security_middleware_runs_inline_for_an_asynchronous_view(

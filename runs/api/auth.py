@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +25,44 @@ class Caller:
 ANONYMOUS = Caller(actor="api:anonymous")
 
 
+# Where the API handler (runsite/handlers.py) leaves an async view's caller, found in the hop
+# that created the request, so that ninja's auth need not hop to a thread for it.
+_AHEAD = "_runsite_caller"
+
+
 class ApiKeyAuth(APIKeyHeader):
     param_name = "x-api-key"
+
+    def __init__(self) -> None:
+        super().__init__()
+        # ninja calls an async auth's __call__ as is, in sync and async operations alike, and
+        # awaits what it returns when that is a coroutine (see __call__).
+        self.is_async = True
+
+    def __call__(self, request: HttpRequest) -> Any:
+        """The caller, or None (ninja answers 401). Every operation's auth, sync or async.
+
+        On a thread (a sync view): looked up here. On the event loop (an async view): a
+        coroutine, which ninja awaits, giving the caller found when the request was created
+        (`resolve_ahead`), else looking it up on a thread."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return super().__call__(request)
+        return self._on_the_loop(request)
+
+    async def _on_the_loop(self, request: HttpRequest) -> Caller | None:
+        if _AHEAD in request.__dict__:
+            ahead: Caller | None = request.__dict__[_AHEAD]
+            return ahead
+        from runs.api.streaming import db
+
+        caller: Caller | None = await db(super().__call__, request)
+        return caller
+
+    def resolve_ahead(self, request: HttpRequest) -> None:
+        """Find the caller now (on a thread), for the async view's auth to use."""
+        request.__dict__[_AHEAD] = super().__call__(request)
 
     def authenticate(self, request: HttpRequest, key: str | None) -> Caller | None:
         api_key = selectors.api_key_for_raw(key.strip()) if key else None

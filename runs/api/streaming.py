@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
 
@@ -52,12 +53,20 @@ STREAM_MODES = (
 DISCONNECT_REASON = "client disconnected from the run stream ({})"
 
 
+# The API handler's thread pool (runsite/handlers.py), set while it serves an async view.
+API_EXECUTOR: contextvars.ContextVar[ThreadPoolExecutor | None] = contextvars.ContextVar(
+    "API_EXECUTOR", default=None
+)
+
+
 async def db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run a database call off the event loop and hand its connection back right after.
 
-    Thread-sensitive: under ASGI each request has its own thread, so a stream's reads stay on
-    one thread. The connection goes back to the pool after every call, so a stream that waits for
-    minutes does not hold one (outside an atomic block: a test's transaction stays open).
+    On the API handler's pool when it serves the request (each call is whole: it takes a
+    connection and hands it back, so consecutive calls may run on different threads);
+    elsewhere (Django's own handler, tests) thread-sensitive, as Django runs sync code. The
+    connection goes back to the pool after every call, so a stream that waits for minutes does
+    not hold one (outside an atomic block: a test's transaction stays open).
     """
 
     def call() -> Any:
@@ -67,6 +76,9 @@ async def db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             if not connection.in_atomic_block:
                 connection.close()
 
+    executor = API_EXECUTOR.get()
+    if executor is not None:
+        return await sync_to_async(call, thread_sensitive=False, executor=executor)()
     return await sync_to_async(call)()
 
 
