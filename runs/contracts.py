@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 from uuid import UUID, uuid5
 
-from runs.models import Run, ToolCallStatus
+from runs.models import Run, ToolCall, ToolCallStatus
 
 if TYPE_CHECKING:
     from django.contrib.auth.base_user import AbstractBaseUser
@@ -74,6 +74,18 @@ class ClaimedRun:
 class FenceResult:
     last_seq: int
     cancel_action: str | None
+    # The tool calls a step write created (run_save_steps), as written: no need to read back.
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+@dataclass
+class ToolOutcome:
+    """A tool call's result, recorded with the step write that follows it (run_save_steps)."""
+
+    tool_call: ToolCall
+    status: str  # succeeded or failed
+    result: Any
+    event: Event
 
 
 @dataclass
@@ -92,6 +104,11 @@ class SuspendPlan:
 
     lease: Lease
     waiting: list[dict[str, Any]]  # {tool_call_id, status, suspend_payload, resume_schema, ...}
+    # The model's decision that led here when it is not written yet (all its calls wait for a
+    # reviewer, nothing ran since): written in the suspension's transaction, first.
+    steps: list[StepWrite] = field(default_factory=list)
+    new_tool_calls: list[JSONObject] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
 
 
 # LangGraph's NAMESPACE_GRAPH: a graph's system assistant id is uuid5(NAMESPACE_GRAPH, graph_id).

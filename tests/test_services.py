@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from runs import selectors, services
 from runs.exceptions import AlreadyDecided, Conflict, NotFound, RunCancelled, ValidationFailed
+from runs.ids import uuid7
 from runs.models import (
     AuditEntry,
     Checkpoint,
@@ -407,6 +408,88 @@ def test_a_tool_that_finishes_after_the_cancel_still_has_its_outcome_recorded(su
         )
     assert ToolCall.objects.get(id=tc.id).result == 1
     assert Run.objects.get(id=run.id).last_seq == run.last_seq
+
+
+def test_a_step_write_records_the_last_tool_outcome_with_it(support) -> None:
+    """run_save_steps(outcome=…): the call's result, its event and the next step commit
+    together; after a cancel the outcome is still recorded (after_cancel), the step is not."""
+    run = services.run_create(agent_id="slow", thread_id=None, input={"steps": 3}, actor="t")
+    claimed = claim_one()
+    proposed = {"tool_call_id": "c1", "tool_name": "tick", "args": {}, "status": "proposed"}
+    fence = services.run_save_steps(lease=claimed.lease, steps=[], new_tool_calls=[proposed])
+    [tc] = fence.tool_calls  # as written: no read back
+    assert ToolCall.objects.get(id=tc.id).tool_call_id == "c1"
+    services.tool_call_update(lease=claimed.lease, tool_call=tc, status=ToolCallStatus.RUNNING)
+    event = ("tool_result", {"tool_call_id": "c1", "status": "succeeded"}, "system")
+    step = services.StepWrite(uuid7(), 1, {"messages": []}, [], None)
+    fence = services.run_save_steps(
+        lease=claimed.lease,
+        steps=[step],
+        events=[("update", {"node": "tools"}, "system")],
+        outcome=services.ToolOutcome(tool_call=tc, status="succeeded", result=7, event=event),
+    )
+    assert (ToolCall.objects.get(id=tc.id).status, ToolCall.objects.get(id=tc.id).result) == (
+        ToolCallStatus.SUCCEEDED,
+        7,
+    )
+    kinds = list(run.events.filter(seq__gt=fence.last_seq - 3).order_by("seq"))
+    assert [e.kind for e in kinds] == ["tool_result", "update", "step"]
+    assert kinds[-1].seq == fence.last_seq == Run.objects.get(id=run.id).last_seq
+
+    second = services.run_save_steps(
+        lease=claimed.lease,
+        steps=[],
+        new_tool_calls=[{**proposed, "tool_call_id": "c2"}],
+    ).tool_calls[0]
+    services.tool_call_update(lease=claimed.lease, tool_call=second, status="running")
+    services.run_cancel(run=run, action="interrupt", actor=support)
+    checkpoints = Checkpoint.objects.filter(run_id=run.id).count()
+    with pytest.raises(RunCancelled):
+        services.run_save_steps(
+            lease=claimed.lease,
+            steps=[services.StepWrite(uuid7(), 2, {"messages": []}, [], step.id)],
+            outcome=services.ToolOutcome(
+                tool_call=second, status="succeeded", result=8, event=event
+            ),
+        )
+    assert ToolCall.objects.get(id=second.id).result == 8
+    assert Checkpoint.objects.filter(run_id=run.id).count() == checkpoints
+    last = Run.objects.get(id=run.id).events.order_by("-seq").first()
+    assert (last.kind, last.data["after_cancel"]) == ("tool_result", True)
+
+
+def test_a_decision_that_only_waits_is_written_with_the_suspension() -> None:
+    """SuspendPlan(steps=…, new_tool_calls=…, events=…): the model's decision and the run's
+    suspension in one transaction, its events just before `suspended`."""
+    thread = make_thread()
+    run = services.run_create(
+        agent_id="refund", thread_id=thread.id, input={"order_id": "o1", "amount": 5}, actor="t"
+    )
+    claimed = claim_one()
+    call = {
+        "tool_call_id": "c9",
+        "tool_name": "issue_refund",
+        "args": {"order_id": "o1", "amount": 5},
+        "status": "proposed",
+    }
+    step = services.StepWrite(uuid7(), 1, {"messages": ["decided"]}, ["c9"], None)
+    plan = services.SuspendPlan(
+        lease=claimed.lease,
+        waiting=[{**call, "status": "awaiting_approval", "requires_approval": True}],
+        steps=[step],
+        new_tool_calls=[call],
+        events=[("tool_call", {"tool_call_id": "c9"}, "system")],
+    )
+    assert services.run_suspend(plans=[plan], values=step.values) == RunStatus.SUSPENDED
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUSPENDED
+    tc = ToolCall.objects.get(run_id=run.id, tool_call_id="c9")
+    assert (tc.status, tc.requires_approval) == (ToolCallStatus.AWAITING_APPROVAL, True)
+    assert Checkpoint.objects.get(id=step.id).pending == ["c9"]
+    tail = list(run.events.order_by("-seq")[:3])[::-1]
+    assert [e.kind for e in tail] == ["tool_call", "step", "suspended"]
+    assert [e.seq for e in tail] == [run.last_seq - 2, run.last_seq - 1, run.last_seq]
+    assert Thread.objects.get(id=thread.id).status == "interrupted"
 
 
 def test_rollback_of_a_running_run_deletes_it_at_once(support) -> None:

@@ -153,9 +153,9 @@ class StepLoop:
         while True:
             self.control.check()
             if checkpoint.pending:
-                outcome = self._run_tools(checkpoint, calls)
-                if outcome is not None:
-                    return Suspended(plans=outcome, values=checkpoint.values)
+                plans, last = self._run_tools(checkpoint, calls)
+                if plans is not None:
+                    return Suspended(plans=plans, values=checkpoint.values)
                 values = dict(checkpoint.values)
                 tool_messages = []
                 for tcid in checkpoint.pending:
@@ -171,7 +171,7 @@ class StepLoop:
                 values["messages"] = [*values.get("messages", []), *tool_messages]
                 checkpoint = self._next(checkpoint, values, [])
                 update = {"node": "tools", "update": {"messages": tool_messages}}
-                self._save(checkpoint, events=[("update", update, "system")])
+                self._save(checkpoint, events=[("update", update, "system")], outcome=last)
                 continue
 
             if decisions >= self.agent.max_steps:
@@ -240,24 +240,49 @@ class StepLoop:
                 for n in new_calls
             ]
             update = {"node": "agent", "update": {"messages": [message]}}
-            self._save(
-                checkpoint,
-                new_tool_calls=new_calls,
-                events=[("update", update, "system"), *call_events],
-            )
-            calls.update(
-                {
-                    tc.tool_call_id: tc
-                    for tc in ToolCall.objects.filter(run_id=self.run.id, step=checkpoint.step)
-                }
-            )
+            events = [("update", update, "system"), *call_events]
+            if all(self._waits_for_review(n) for n in new_calls):
+                # Nothing runs before the suspension: the decision is written with it.
+                steps, self._unsaved = [*self._unsaved, checkpoint], []
+                waiting = [
+                    self._waiting_entry(
+                        ToolCall(run_id=self.run.id, step=checkpoint.step, **n),
+                        ToolCallStatus.AWAITING_APPROVAL,
+                        requires_approval=True,
+                    )
+                    for n in new_calls
+                ]
+                plan = services.SuspendPlan(
+                    lease=self.lease,
+                    waiting=waiting,
+                    steps=steps,
+                    new_tool_calls=new_calls,
+                    events=events,
+                )
+                return Suspended(plans=[plan], values=checkpoint.values)
+            created = self._save(checkpoint, new_tool_calls=new_calls, events=events)
+            calls.update({tc.tool_call_id: tc for tc in created})
+
+    def _waits_for_review(self, call: dict[str, Any]) -> bool:
+        """A proposed call that will wait for a reviewer before anything runs (what
+        `_run_tools` would decide for it)."""
+        tool = self.agent.get_tool(call["tool_name"])
+        return (
+            tool is not None
+            and not tool.argument_errors(call["args"])
+            and tool.needs_approval(call["args"])
+        )
 
     def _run_tools(
         self, checkpoint: services.StepWrite, calls: dict[str, ToolCall]
-    ) -> list[services.SuspendPlan] | None:
-        """Execute this step's tool calls. Returns suspend plans when any call must wait."""
+    ) -> tuple[list[services.SuspendPlan] | None, services.ToolOutcome | None]:
+        """Execute this step's tool calls. Returns suspend plans when any call must wait;
+        otherwise the outcome of the call that ran last, which is recorded together with the
+        step the loop writes next (every other outcome is recorded as soon as it is known, so
+        a later call's crash never re-executes it)."""
         waiting: list[dict[str, Any]] = []
         inner_plans: list[services.SuspendPlan] = []
+        last: services.ToolOutcome | None = None
         for tcid in checkpoint.pending:
             tc = calls[tcid]
             if tc.status in RESOLVED:
@@ -265,15 +290,26 @@ class StepLoop:
             if tc.status in (ToolCallStatus.AWAITING_APPROVAL, ToolCallStatus.AWAITING_INPUT):
                 waiting.append(self._waiting_entry(tc, tc.status))
                 continue
+            if last is not None:  # another call is handled next: the previous outcome first
+                self._record(last)
+                last = None
             tool = self.agent.get_tool(tc.tool_name)
             if tool is None:
-                self._record(tc, ToolCallStatus.FAILED, {"error": f"unknown tool {tc.tool_name!r}"})
+                self._record(
+                    self._outcome(
+                        tc, ToolCallStatus.FAILED, {"error": f"unknown tool {tc.tool_name!r}"}
+                    )
+                )
                 continue
             if tc.status == ToolCallStatus.PROPOSED:
                 errors = tool.argument_errors(tc.args)
                 if errors:
                     self._record(
-                        tc, ToolCallStatus.FAILED, {"error": "invalid arguments", "details": errors}
+                        self._outcome(
+                            tc,
+                            ToolCallStatus.FAILED,
+                            {"error": "invalid arguments", "details": errors},
+                        )
                     )
                     continue
                 if tool.needs_approval(tc.args):
@@ -310,10 +346,12 @@ class StepLoop:
                 inner_plans.extend(s.plans)
                 waiting.append(self._delegation_entry(tc, s))
                 continue
-            self._record(tc, ToolCallStatus.SUCCEEDED, result)
+            last = self._outcome(tc, ToolCallStatus.SUCCEEDED, result)
         if waiting:
-            return [*inner_plans, services.SuspendPlan(lease=self.lease, waiting=waiting)]
-        return None
+            if last is not None:
+                self._record(last)
+            return [*inner_plans, services.SuspendPlan(lease=self.lease, waiting=waiting)], None
+        return None, last
 
     def _save(
         self,
@@ -321,37 +359,47 @@ class StepLoop:
         *,
         new_tool_calls: list[dict[str, Any]] | None = None,
         events: list[tuple[str, dict[str, Any], str]] | None = None,
-    ) -> None:
+        outcome: services.ToolOutcome | None = None,
+    ) -> list[ToolCall]:
+        """Write the step (with any unsaved before it); returns the tool calls it created."""
         steps, self._unsaved = [*self._unsaved, step], []
         fence = services.run_save_steps(
             lease=self.lease,
             steps=steps,
             new_tool_calls=new_tool_calls or (),
             events=events or (),
+            outcome=outcome,
         )
         self._fenced(fence)
+        return fence.tool_calls
 
     def _fenced(self, fence: services.FenceResult) -> None:
         # Every fenced write also reads the run's cancel request: no NOTIFY needed to see it.
         if fence.cancel_action:
             self.control.request_cancel()
 
-    def _record(self, tc: ToolCall, status: str, result: Any) -> None:
+    def _outcome(self, tc: ToolCall, status: str, result: Any) -> services.ToolOutcome:
+        """A call's outcome, to record; the loop sees it at once (its messages, its model)."""
+        tc.status, tc.result = status, result
+        event = (
+            "tool_result",
+            {
+                "tool_call_id": tc.tool_call_id,
+                "tool_name": tc.tool_name,
+                "status": status,
+                "result": result,
+            },
+            "system",
+        )
+        return services.ToolOutcome(tool_call=tc, status=status, result=result, event=event)
+
+    def _record(self, outcome: services.ToolOutcome) -> None:
         services.tool_call_update(
             lease=self.lease,
-            tool_call=tc,
-            status=status,
-            result=result,
-            event=(
-                "tool_result",
-                {
-                    "tool_call_id": tc.tool_call_id,
-                    "tool_name": tc.tool_name,
-                    "status": status,
-                    "result": result,
-                },
-                "system",
-            ),
+            tool_call=outcome.tool_call,
+            status=outcome.status,
+            result=outcome.result,
+            event=outcome.event,
         )
 
     def _waiting_entry(

@@ -24,6 +24,7 @@ from runs.contracts import (
     Lease,
     StepWrite,
     SuspendPlan,
+    ToolOutcome,
     actor_name,
 )
 from runs.services.access import (
@@ -103,6 +104,7 @@ __all__ = [
     "RetryManyResult",
     "StepWrite",
     "SuspendPlan",
+    "ToolOutcome",
     "actor_name",
     "api_key_create",
     "api_key_revoke",

@@ -16,6 +16,7 @@ from runs.contracts import (
     Lease,
     StepWrite,
     SuspendPlan,
+    ToolOutcome,
     interrupt_of,
 )
 from runs.engine.registry import review_policy, tool_description
@@ -76,21 +77,38 @@ def run_save_steps(
     steps: Sequence[StepWrite],
     new_tool_calls: Sequence[JSONObject] = (),
     events: Sequence[Event] = (),
+    outcome: ToolOutcome | None = None,
 ) -> FenceResult:
-    """Write steps (checkpoints), the tool calls the model proposed, and timeline events."""
+    """Write steps (checkpoints), the tool calls the model proposed, and timeline events.
+
+    `outcome`: the result of the tool call that ran last, recorded in the same transaction (the
+    step that follows it is what the loop writes next, with no other work in between). The
+    FenceResult carries the created tool calls as written.
+    """
     lease = _complete_lease(lease)
-    with transaction.atomic():
-        all_events = [*events, *(_step_event(w) for w in steps)]
-        fence = _fence(lease, events=len(all_events))
-        _write_steps(lease, steps)
-        if new_tool_calls:
-            step = steps[-1].step if steps else 0
-            ToolCall.objects.bulk_create(
-                ToolCall(run_id=lease.run_id, step=step, **tc) for tc in new_tool_calls
-            )
-            search_refresh(run_ids=[lease.run_id])
-        _insert_events(lease.run_id, fence.last_seq, all_events)
-        _publish_fenced(lease, fence.last_seq)
+    outcome_events = [outcome.event] if outcome is not None else []
+    all_events = [*outcome_events, *events, *(_step_event(w) for w in steps)]
+    try:
+        with transaction.atomic():
+            fence = _fence(lease, events=len(all_events))
+            if outcome is not None:
+                update = _tool_call_changes(outcome.status, outcome.result)
+                _write_tool_call(lease, outcome.tool_call, update, None, fence.last_seq)
+            _write_steps(lease, steps)
+            if new_tool_calls:
+                step = steps[-1].step if steps else 0
+                fence.tool_calls = ToolCall.objects.bulk_create(
+                    ToolCall(run_id=lease.run_id, step=step, **tc) for tc in new_tool_calls
+                )
+                search_refresh(run_ids=[lease.run_id])
+            _insert_events(lease.run_id, fence.last_seq, all_events)
+            _publish_fenced(lease, fence.last_seq)
+    except RunCancelled as stop:
+        if outcome is not None and not stop.deleted:
+            # What the tool did must not vanish: recorded as tool_call_update records it.
+            update = _tool_call_changes(outcome.status, outcome.result)
+            _record_after_cancel(lease, outcome.tool_call, update, outcome.event)
+        raise
     return fence
 
 
@@ -191,6 +209,26 @@ def run_emit(*, lease: Lease, kind: str, data: JSONObject) -> None:
         _publish_fenced(lease, fence.last_seq)
 
 
+def _decision_events(plan: SuspendPlan) -> int:
+    return len(plan.events) + len(plan.steps)
+
+
+def _write_decision(lease: Lease, plan: SuspendPlan, last_seq: int) -> None:
+    """A plan's unwritten decision (steps, proposed calls, events), before its suspension;
+    its events take the seqs just before the `suspended` event's (`last_seq`)."""
+    if not plan.steps and not plan.new_tool_calls:
+        return
+    _write_steps(lease, plan.steps)
+    if plan.new_tool_calls:
+        step = plan.steps[-1].step if plan.steps else 0
+        ToolCall.objects.bulk_create(
+            ToolCall(run_id=lease.run_id, step=step, **tc) for tc in plan.new_tool_calls
+        )
+        search_refresh(run_ids=[lease.run_id])
+    events = [*plan.events, *(_step_event(w) for w in plan.steps)]
+    _insert_events(lease.run_id, last_seq - 1, events)
+
+
 def run_suspend(*, plans: Sequence[SuspendPlan], values: JSONObject | None = None) -> str:
     """Park one run (or a supervisor with its sub-agents, innermost first) for a human.
 
@@ -203,7 +241,8 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: JSONObject | None = Non
     with transaction.atomic():
         thread_id = outer.thread_id
         _lock_thread(thread_id)
-        outer_fence = _fence(outer, events=1)
+        outer_fence = _fence(outer, events=1 + _decision_events(plans[-1]))
+        _write_decision(outer, plans[-1], outer_fence.last_seq)
         if outer_fence.cancel_action:
             run = Run.objects.select_for_update(no_key=True).get(id=outer.run_id)
             _apply_cancel(run, action=outer_fence.cancel_action, actor=None)
@@ -211,7 +250,12 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: JSONObject | None = Non
         now = _now()
         parked = []
         for plan in plans:
-            fence = outer_fence if plan is plans[-1] else _fence(plan.lease, events=1)
+            if plan is plans[-1]:
+                fence = outer_fence
+            else:
+                lease = _complete_lease(plan.lease)
+                fence = _fence(lease, events=1 + _decision_events(plan))
+                _write_decision(lease, plan, fence.last_seq)
             interrupts = []
             for w in plan.waiting:
                 policy = review_policy(plan.lease.agent_id, w.get("tool_name"))
