@@ -210,3 +210,28 @@ async def test_security_middleware_still_redirects_an_asynchronous_request(setti
     assert plain.status_code == 301 and plain["Location"] == "https://testserver/api/ok"
     assert secure.status_code == 200 and secure.content == b"reached"
     assert secure["X-Content-Type-Options"] == "nosniff"
+
+
+def test_no_api_path_mixes_sync_and_async_operations() -> None:
+    """The handler serves a path whose view is async on the event loop with no thread of its
+    own; a sync operation on such a path would make ninja hop to asgiref's one shared thread
+    (and keep a database connection there). Give each path operations of one kind."""
+    from asgiref.sync import iscoroutinefunction
+    from django.urls import URLResolver, get_resolver
+
+    def walk(resolver: URLResolver, prefix: str = "") -> Iterator[tuple[str, Any]]:
+        for pattern in resolver.url_patterns:
+            if isinstance(pattern, URLResolver):
+                yield from walk(pattern, prefix + str(pattern.pattern))
+            else:
+                yield prefix + str(pattern.pattern), pattern.callback
+
+    async_paths = 0
+    for path, view in walk(get_resolver()):
+        if not (path.startswith("api/") and iscoroutinefunction(view)):
+            continue
+        async_paths += 1
+        path_view = view.__closure__[0].cell_contents  # ninja's PathView behind the view
+        kinds = {(method, op.is_async) for op in path_view.operations for method in op.methods}
+        assert all(is_async for _, is_async in kinds), (path, sorted(kinds))
+    assert async_paths >= 6  # wait, stream and join, stateless and on a thread

@@ -2,7 +2,10 @@
 
 Every write goes through runs/services under the run's lease (fenced). Tool results already
 recorded are reused, never re-executed; the model's decision for a step is stored in the
-checkpoint (its pending tool calls), so a retried or resumed run never asks the model twice.
+checkpoint (its pending tool calls) before any of its calls runs, so a retried or resumed run
+never asks the model twice once something acted on its answer. Writes are folded into the next
+one where nothing happens in between (docs/architecture.md): a decision whose calls all wait for
+a reviewer is written with the suspension, the last outcome of a step with the step after it.
 """
 
 from __future__ import annotations
