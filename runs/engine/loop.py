@@ -86,6 +86,8 @@ class StepLoop:
         # step is written with the end of the run, so an agent that answers at once costs one
         # transaction after its claim.
         self._unsaved: list[services.StepWrite] = []
+        # Calls written `running` with their decision (this attempt): not marked again.
+        self._marked_running: set[str] = set()
 
     # -- state --------------------------------------------------------------------------------
 
@@ -263,8 +265,23 @@ class StepLoop:
                     events=events,
                 )
                 return Suspended(plans=[plan], values=checkpoint.values)
+            first = new_calls[0]
+            if self._runs_at_once(first):
+                # The first call runs right after the decision: its `running` mark goes with it.
+                self.control.check()  # stop before any tool call
+                first["status"] = ToolCallStatus.RUNNING
+                self._marked_running.add(first["tool_call_id"])
             created = self._save(checkpoint, new_tool_calls=new_calls, events=events)
             calls.update({tc.tool_call_id: tc for tc in created})
+
+    def _runs_at_once(self, call: dict[str, Any]) -> bool:
+        """A proposed call `_run_tools` would execute without asking anyone."""
+        tool = self.agent.get_tool(call["tool_name"])
+        return (
+            tool is not None
+            and not tool.argument_errors(call["args"])
+            and not tool.needs_approval(call["args"])
+        )
 
     def _waits_for_review(self, call: dict[str, Any]) -> bool:
         """A proposed call that will wait for a reviewer before anything runs (what
@@ -323,11 +340,14 @@ class StepLoop:
                     )
                     continue
             self.control.check()  # stop before any tool call
-            self._fenced(
-                services.tool_call_update(
-                    lease=self.lease, tool_call=tc, status=ToolCallStatus.RUNNING
+            if tc.tool_call_id in self._marked_running:
+                self._marked_running.discard(tc.tool_call_id)  # marked with its decision
+            else:
+                self._fenced(
+                    services.tool_call_update(
+                        lease=self.lease, tool_call=tc, status=ToolCallStatus.RUNNING
+                    )
                 )
-            )
             ctx = ToolContext(
                 run_id=self.run.id,
                 tool_call_id=tc.tool_call_id,

@@ -82,8 +82,9 @@ def run_save_steps(
     """Write steps (checkpoints), the tool calls the model proposed, and timeline events.
 
     `outcome`: the result of the tool call that ran last, recorded in the same transaction (the
-    step that follows it is what the loop writes next, with no other work in between). The
-    FenceResult carries the created tool calls as written.
+    step that follows it is what the loop writes next, with no other work in between). A new
+    call with status `running` is one the loop runs right after this write. The FenceResult
+    carries the created tool calls as written.
     """
     lease = _complete_lease(lease)
     outcome_events = [outcome.event] if outcome is not None else []
@@ -98,7 +99,8 @@ def run_save_steps(
             if new_tool_calls:
                 step = steps[-1].step if steps else 0
                 fence.tool_calls = ToolCall.objects.bulk_create(
-                    ToolCall(run_id=lease.run_id, step=step, **tc) for tc in new_tool_calls
+                    ToolCall(run_id=lease.run_id, step=step, **tc, **_started(tc))
+                    for tc in new_tool_calls
                 )
                 search_refresh(run_ids=[lease.run_id])
             _insert_events(lease.run_id, fence.last_seq, all_events)
@@ -110,6 +112,11 @@ def run_save_steps(
             _record_after_cancel(lease, outcome.tool_call, update, outcome.event)
         raise
     return fence
+
+
+def _started(call: JSONObject) -> dict[str, object]:
+    """A call written `running` with its decision (it runs right after) starts now."""
+    return {"started_at": _now()} if call.get("status") == ToolCallStatus.RUNNING else {}
 
 
 def tool_call_update(

@@ -1,0 +1,86 @@
+"""When the step loop writes (runs/engine/loop.py): before anything acts on a decision, and
+folded into the next write where nothing happens in between."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from runs import services
+from runs.models import Checkpoint, Run, RunStatus, ToolCall, ToolCallStatus
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """The step loop's calls of the fenced-write services, in order."""
+    seen: list[tuple[str, Any]] = []
+    for name in ("run_save_steps", "tool_call_update", "run_suspend", "run_finish"):
+        real = getattr(services, name)
+
+        def spy(*args: Any, _name: str = name, _real: Any = real, **kwargs: Any) -> Any:
+            seen.append((_name, kwargs))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(services, name, spy)
+    return seen
+
+
+def test_a_refund_run_reaches_its_suspension_in_three_writes_after_its_claim(drain, writes) -> None:
+    run = services.run_create(
+        agent_id="refund", thread_id=None, input={"order_id": "A1", "amount": 5}, actor="t"
+    )
+    assert drain() == 1
+    assert [name for name, _ in writes] == ["run_save_steps", "run_save_steps", "run_suspend"]
+    decision, outcome, suspension = (kwargs for _, kwargs in writes)
+    # 1. The decision to look the order up, the call already marked running (it runs next).
+    [lookup] = decision["new_tool_calls"]
+    assert (lookup["tool_name"], lookup["status"]) == ("lookup_order", ToolCallStatus.RUNNING)
+    # 2. Its outcome, with the step that feeds it to the model.
+    assert outcome["outcome"].tool_call.tool_name == "lookup_order"
+    assert [w.step for w in outcome["steps"]] == [2]
+    # 3. The decision to refund (it waits for a reviewer) with the suspension.
+    [plan] = suspension["plans"]
+    assert [w.step for w in plan.steps] == [3]
+    assert [c["tool_name"] for c in plan.new_tool_calls] == ["issue_refund"]
+
+    run = Run.objects.get(id=run.id)
+    assert run.status == RunStatus.SUSPENDED
+    calls = {c.tool_name: c for c in ToolCall.objects.filter(run=run)}
+    looked_up = calls["lookup_order"]
+    assert looked_up.status == ToolCallStatus.SUCCEEDED and looked_up.result
+    assert looked_up.started_at is not None and looked_up.started_at <= looked_up.finished_at
+    assert calls["issue_refund"].status == ToolCallStatus.AWAITING_APPROVAL
+    assert list(
+        Checkpoint.objects.filter(run=run).order_by("step").values_list("step", flat=True)
+    ) == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    seqs = list(run.events.order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, run.last_seq + 1))  # the timeline has no gap
+    kinds = list(run.events.order_by("seq").values_list("kind", flat=True))
+    assert kinds.index("tool_result") < kinds.index("suspended") == len(kinds) - 1
+
+
+def test_the_approved_refund_runs_and_finishes(drain, writes, reviewer) -> None:
+    run = services.run_create(
+        agent_id="refund", thread_id=None, input={"order_id": "A2", "amount": 5}, actor="t"
+    )
+    drain()
+    services.tool_call_approve(run=Run.objects.get(id=run.id), actor=reviewer)
+    writes.clear()
+    drain()
+    # The approved call is marked running (it was decided before), its outcome goes with the
+    # next step, and the model's final answer with the run's end.
+    assert [name for name, _ in writes] == ["tool_call_update", "run_save_steps", "run_finish"]
+    run = Run.objects.get(id=run.id)
+    assert run.status == RunStatus.SUCCESS
+    refund = ToolCall.objects.get(run=run, tool_name="issue_refund")
+    assert refund.status == ToolCallStatus.SUCCEEDED and refund.result["refunded"] is True
+    seqs = list(run.events.order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, run.last_seq + 1))
