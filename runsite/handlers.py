@@ -17,6 +17,8 @@ hop of its own), the view's database calls (`runs/api/streaming.db`), and the cl
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from typing import Any
@@ -27,11 +29,13 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.urls import Resolver404, get_resolver, set_script_prefix
 
 from runs.api import streaming
 from runs.api.auth import api_key_auth
+
+logger = logging.getLogger("runsite")
 
 
 def _load_api_middleware(handler: base.BaseHandler, is_async: bool) -> None:
@@ -122,9 +126,15 @@ class ApiHandler(ASGIHandler):
         signals.request_started.send(sender=self.__class__, scope=scope)
         request, response = self.create_request(scope, body_file)
         if request is not None:
-            api_key_auth.resolve_ahead(request)
-            if not connection.in_atomic_block:
-                connection.close()  # back to the pool: the view's calls run on other threads
+            try:
+                api_key_auth.resolve_ahead(request)
+            except Exception:
+                # ... inside the middleware chain, where a lost database is answered 503.
+                logger.debug("api key check deferred to the view's auth", exc_info=True)
+            finally:
+                if not connection.in_atomic_block:
+                    with contextlib.suppress(DatabaseError):
+                        connection.close()  # back to the pool: the view runs on other threads
         return request, response
 
     def _is_sync_view(self, path: str) -> bool:

@@ -235,3 +235,25 @@ def test_no_api_path_mixes_sync_and_async_operations() -> None:
         kinds = {(method, op.is_async) for op in path_view.operations for method in op.methods}
         assert all(is_async for _, is_async in kinds), (path, sorted(kinds))
     assert async_paths >= 6  # wait, stream and join, stateless and on a thread
+
+
+async def test_a_lost_database_during_an_async_views_key_check_is_a_503(key, monkeypatch) -> None:
+    """The key check made ahead (in the request's first hop) fails: the view's own auth makes it
+    again inside the middleware chain, which answers 503, not a 500 from the server."""
+    from django.db import OperationalError
+
+    from runs import selectors
+
+    async with client(key) as api:
+        thread_id = (await api.post("/api/threads", json={})).json()["thread_id"]
+
+        def broken(raw: str) -> Any:
+            raise OperationalError("terminating connection due to administrator command")
+
+        monkeypatch.setattr(selectors, "api_key_for_raw", broken)
+        response = await api.post(
+            f"/api/threads/{thread_id}/runs/wait", json={"assistant_id": "echo", "input": {}}
+        )
+    assert response.status_code == 503, response.text
+    assert response.json()["code"] == "database_unavailable"
+    assert not await sync_to_async(lambda: Thread.objects.get(id=thread_id).runs.exists())()
