@@ -346,3 +346,29 @@ def test_bulk_cancel_of_every_matching_run_keeps_to_the_search(client: Client) -
     statuses = dict(Run.objects.values_list("id", "status"))
     assert [statuses[r.id] for r in hits] == ["interrupted", "interrupted"]
     assert statuses[miss.id] == "pending"
+
+
+def test_a_threads_first_run_stamps_its_graph_and_older_runs_documents_follow() -> None:
+    """run_create stamps graph_id/assistant_id into a thread's metadata in one statement; the
+    documents of runs the thread already had are rewritten, a first run's thread has none."""
+    from runs.models import Thread
+
+    fresh = services.thread_create(metadata={"team": "blue"})
+    first = services.run_create(agent_id="echo", thread_id=fresh.id, input={"q": 1}, actor="t")
+    assert Thread.objects.get(id=fresh.id).metadata == {
+        "team": "blue",
+        "graph_id": "echo",
+        "assistant_id": Thread.objects.get(id=fresh.id).metadata["assistant_id"],
+    }
+    assert "graph_id echo" in RunSearch.objects.get(run=first).document
+
+    # A thread whose runs predate the stamp (its metadata lacks graph_id): the next run's stamp
+    # rewrites their documents too.
+    Thread.objects.filter(id=fresh.id).update(metadata={"team": "green"})
+    services.search_refresh(run_ids=[first.id])
+    assert "graph_id" not in RunSearch.objects.get(run=first).document
+    services.run_cancel(run=first, action="interrupt", actor="t")
+    second = services.run_create(agent_id="echo", thread_id=fresh.id, input={"q": 2}, actor="t")
+    for run in (first, second):
+        document = RunSearch.objects.get(run=run).document
+        assert "team green" in document and "graph_id echo" in document, document

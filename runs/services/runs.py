@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from uuid import UUID
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from runs.contracts import Actor, JSONObject, JSONValue, Lease, actor_name, assistant_uuid
 from runs.engine.registry import get_agent
@@ -219,8 +219,21 @@ def _stamp_graph_metadata(thread: Thread, agent_id: str) -> None:
     missing = {k: v for k, v in wanted.items() if k not in current}
     if missing:
         thread.metadata = {**current, **missing}
-        Thread.objects.filter(id=thread.id).update(metadata=thread.metadata)
-        search_refresh_thread(thread_id=thread.id)
+        # One statement: the new metadata, and whether runs of the thread have documents that
+        # hold the old (a thread's first run, the common case, has none to rewrite).
+        field = Thread._meta.get_field("metadata")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE runs_thread SET metadata = %s WHERE id = %s RETURNING"
+                " EXISTS (SELECT 1 FROM runs_run r WHERE r.thread_id = runs_thread.id)",
+                [
+                    field.get_db_prep_save(thread.metadata, connection),
+                    Thread._meta.get_field("id").get_db_prep_value(thread.id, connection),
+                ],
+            )
+            row = cursor.fetchone()
+        if row is not None and row[0]:
+            search_refresh_thread(thread_id=thread.id)
 
 
 def run_create_child(
