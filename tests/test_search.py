@@ -372,3 +372,36 @@ def test_a_threads_first_run_stamps_its_graph_and_older_runs_documents_follow() 
     for run in (first, second):
         document = RunSearch.objects.get(run=run).document
         assert "team green" in document and "graph_id echo" in document, document
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_runs_document_lists_its_calls_in_order_with_their_results(drain, reviewer) -> None:
+    """search_refresh reads a run and its calls (in one statement on PostgreSQL): the document
+    is the one `search_document` makes of them, calls in step order, results and all."""
+    from runs.models import ToolCall
+    from runs.services.search import search_document
+
+    run = services.run_create(
+        agent_id="refund", thread_id=None, input={"order_id": "Z9", "amount": 7}, actor="t"
+    )
+    drain()
+    services.tool_call_approve(run=Run.objects.get(id=run.id), actor=reviewer)
+    drain()
+    run = Run.objects.get(id=run.id)
+    assert run.status == RunStatus.SUCCESS
+    calls = list(
+        ToolCall.objects.filter(run=run)
+        .order_by("step", "created_at", "id")
+        .values_list("tool_name", "args", "resume_data", "result")
+    )
+    assert [c[0] for c in calls] == ["lookup_order", "issue_refund"] and calls[1][3]
+    expected = search_document(
+        input=run.input,
+        output=run.output,
+        error=run.error,
+        thread_metadata=run.thread.metadata,
+        tool_calls=calls,
+    )
+    assert services.search_refresh(run_ids=[run.id]) == 1
+    assert RunSearch.objects.get(run=run).document == expected
+    assert "result issue_refund" in expected and "refunded true" in expected

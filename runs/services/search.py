@@ -15,6 +15,10 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 from uuid import UUID
 
+from django.db import connection
+from django.db.models import JSONField
+from django.db.models.expressions import RawSQL
+
 from runs.models import Run, RunSearch, ToolCall
 
 # PostgreSQL's tsvector holds at most 1 MB: a document is cut well below that (a run's huge
@@ -66,22 +70,41 @@ def search_document(
     return _CONTROL.sub(" ", document)[:MAX_DOCUMENT_CHARS]
 
 
+# A run's calls as [[tool_name, args, resume_data, result], ...] in step order (PostgreSQL).
+_CALLS_POSTGRES = RawSQL(
+    "(SELECT COALESCE(jsonb_agg(jsonb_build_array(tc.tool_name, tc.args, tc.resume_data,"
+    " tc.result) ORDER BY tc.step, tc.created_at, tc.id), '[]'::jsonb)"
+    " FROM runs_toolcall tc WHERE tc.run_id = runs_run.id)",
+    [],
+    output_field=JSONField(),
+)
+
+
 def search_refresh(*, run_ids: Iterable[UUID]) -> int:
     """Rewrite the documents of these runs from the database (call inside the transaction
     that changed them). Runs that no longer exist are skipped. Returns how many were written."""
     ids = list(dict.fromkeys(run_ids))
     if not ids:
         return 0
-    calls: dict[UUID, list[tuple[str, Any, Any, Any]]] = {}
-    for run_id, name, args, resume_data, result in (
-        ToolCall.objects.filter(run_id__in=ids)
-        .order_by("step", "created_at", "id")
-        .values_list("run_id", "tool_name", "args", "resume_data", "result")
-    ):
-        calls.setdefault(run_id, []).append((name, args, resume_data, result))
-    rows = Run.objects.filter(id__in=ids).values_list(
-        "id", "input", "output", "error", "thread__metadata"
-    )
+    runs = Run.objects.filter(id__in=ids)
+    rows: Iterable[tuple[Any, ...]]
+    if connection.vendor == "postgresql":
+        # One read: each run with its calls, aggregated in the order the document lists them.
+        rows = runs.annotate(calls=_CALLS_POSTGRES).values_list(
+            "id", "input", "output", "error", "thread__metadata", "calls"
+        )
+    else:
+        calls: dict[UUID, list[tuple[str, Any, Any, Any]]] = {}
+        for run_id, name, args, resume_data, result in (
+            ToolCall.objects.filter(run_id__in=ids)
+            .order_by("step", "created_at", "id")
+            .values_list("run_id", "tool_name", "args", "resume_data", "result")
+        ):
+            calls.setdefault(run_id, []).append((name, args, resume_data, result))
+        rows = [
+            (*row, calls.get(row[0], ()))
+            for row in runs.values_list("id", "input", "output", "error", "thread__metadata")
+        ]
     documents = [
         RunSearch(
             run_id=run_id,
@@ -90,10 +113,10 @@ def search_refresh(*, run_ids: Iterable[UUID]) -> int:
                 output=output,
                 error=error,
                 thread_metadata=metadata,
-                tool_calls=calls.get(run_id, ()),
+                tool_calls=[tuple(call) for call in tool_calls or ()],
             ),
         )
-        for run_id, input, output, error, metadata in rows
+        for run_id, input, output, error, metadata, tool_calls in rows
     ]
     RunSearch.objects.bulk_create(
         documents, update_conflicts=True, unique_fields=["run"], update_fields=["document"]
