@@ -246,7 +246,7 @@ class StepLoop:
             ]
             update = {"node": "agent", "update": {"messages": [message]}}
             events = [("update", update, "system"), *call_events]
-            if all(self._waits_for_review(n) for n in new_calls):
+            if all(self._at_once(n) == "wait" for n in new_calls):
                 # Nothing runs before the suspension: the decision is written with it.
                 steps, self._unsaved = [*self._unsaved, checkpoint], []
                 waiting = [
@@ -266,7 +266,7 @@ class StepLoop:
                 )
                 return Suspended(plans=[plan], values=checkpoint.values)
             first = new_calls[0]
-            if self._runs_at_once(first):
+            if self._at_once(first) == "run":
                 # The first call runs right after the decision: its `running` mark goes with it.
                 self.control.check()  # stop before any tool call
                 first["status"] = ToolCallStatus.RUNNING
@@ -274,24 +274,13 @@ class StepLoop:
             created = self._save(checkpoint, new_tool_calls=new_calls, events=events)
             calls.update({tc.tool_call_id: tc for tc in created})
 
-    def _runs_at_once(self, call: dict[str, Any]) -> bool:
-        """A proposed call `_run_tools` would execute without asking anyone."""
+    def _at_once(self, call: dict[str, Any]) -> str | None:
+        """What `_run_tools` will do first with a proposed call: "run" it, "wait" for a
+        reviewer, or None (it fails: unknown tool or invalid arguments)."""
         tool = self.agent.get_tool(call["tool_name"])
-        return (
-            tool is not None
-            and not tool.argument_errors(call["args"])
-            and not tool.needs_approval(call["args"])
-        )
-
-    def _waits_for_review(self, call: dict[str, Any]) -> bool:
-        """A proposed call that will wait for a reviewer before anything runs (what
-        `_run_tools` would decide for it)."""
-        tool = self.agent.get_tool(call["tool_name"])
-        return (
-            tool is not None
-            and not tool.argument_errors(call["args"])
-            and tool.needs_approval(call["args"])
-        )
+        if tool is None or tool.argument_errors(call["args"]):
+            return None
+        return "wait" if tool.needs_approval(call["args"]) else "run"
 
     def _run_tools(
         self, checkpoint: services.StepWrite, calls: dict[str, ToolCall]

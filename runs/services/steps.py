@@ -96,13 +96,7 @@ def run_save_steps(
                 update = _tool_call_changes(outcome.status, outcome.result)
                 _write_tool_call(lease, outcome.tool_call, update, None, fence.last_seq)
             _write_steps(lease, steps)
-            if new_tool_calls:
-                step = steps[-1].step if steps else 0
-                fence.tool_calls = ToolCall.objects.bulk_create(
-                    ToolCall(run_id=lease.run_id, step=step, **tc, **_started(tc))
-                    for tc in new_tool_calls
-                )
-                search_refresh(run_ids=[lease.run_id])
+            fence.tool_calls = _create_tool_calls(lease, steps, new_tool_calls)
             _insert_events(lease.run_id, fence.last_seq, all_events)
             _publish_fenced(lease, fence.last_seq)
     except RunCancelled as stop:
@@ -112,6 +106,20 @@ def run_save_steps(
             _record_after_cancel(lease, outcome.tool_call, update, outcome.event)
         raise
     return fence
+
+
+def _create_tool_calls(
+    lease: Lease, steps: Sequence[StepWrite], new_tool_calls: Sequence[JSONObject]
+) -> list[ToolCall]:
+    """The calls a decision proposed, at its (last) step; the run's document follows them."""
+    if not new_tool_calls:
+        return []
+    step = steps[-1].step if steps else 0
+    created = ToolCall.objects.bulk_create(
+        ToolCall(run_id=lease.run_id, step=step, **tc, **_started(tc)) for tc in new_tool_calls
+    )
+    search_refresh(run_ids=[lease.run_id])
+    return created
 
 
 def _started(call: JSONObject) -> dict[str, object]:
@@ -226,12 +234,7 @@ def _write_decision(lease: Lease, plan: SuspendPlan, last_seq: int) -> None:
     if not plan.steps and not plan.new_tool_calls:
         return
     _write_steps(lease, plan.steps)
-    if plan.new_tool_calls:
-        step = plan.steps[-1].step if plan.steps else 0
-        ToolCall.objects.bulk_create(
-            ToolCall(run_id=lease.run_id, step=step, **tc) for tc in plan.new_tool_calls
-        )
-        search_refresh(run_ids=[lease.run_id])
+    _create_tool_calls(lease, plan.steps, plan.new_tool_calls)
     events = [*plan.events, *(_step_event(w) for w in plan.steps)]
     _insert_events(lease.run_id, last_seq - 1, events)
 
