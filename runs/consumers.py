@@ -11,9 +11,11 @@ every read of a render goes through the scoped selectors, so no row or count of 
 reaches the socket. Renders are shared only between sockets with the same `permission_key`,
 which includes the scope.
 
-`run.changed` messages arrive for every committed change. A consumer collects them for a short
-while and renders once per batch, so a run stepping ten times a second costs a few renders, not
-ten per viewer. Messages carry the run's event seq; the browser drops fragments older than what
+`run.changed` messages arrive for every committed change. A consumer collects them and renders
+once per batch, so a run stepping ten times a second costs a few renders, not ten per viewer.
+The list pages' sockets that show the same view to users with the same permissions flush as one
+group (runs/live_groups.py): one moment, one render per distinct batch, the same bytes to each.
+A run page, a thread page and an inbox following its reviewer's own decisions render alone. Messages carry the run's event seq; the browser drops fragments older than what
 it shows and re-fetches a region when it sees a gap (static/runs/app.js).
 """
 
@@ -30,7 +32,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.http import QueryDict
 
-from runs import metrics, selectors
+from runs import live_groups, metrics, selectors
 from runs.exceptions import NotFound
 from runs.forms import PAGE_SIZE, InboxFilterForm, RunFilterForm
 from runs.fragments import Fragments, RunPushState
@@ -44,9 +46,6 @@ from runs.selectors import search
 logger = logging.getLogger(__name__)
 
 MAX_WATCHED = 100
-
-
-_shared_renders: dict[tuple, asyncio.Future] = {}
 
 
 def _change_signature(changes: list[dict[str, Any]]) -> tuple:
@@ -67,13 +66,15 @@ def _change_signature(changes: list[dict[str, Any]]) -> tuple:
 class _BatchingConsumer(AsyncWebsocketConsumer):
     """Collects `run.changed` messages and renders them in batches (latest seq per run)."""
 
-    batch_seconds = 0.15
+    batch_seconds = 0.025
 
     async def connect(self) -> None:
         self.user = self.scope.get("user")
         self.groups_joined: list[str] = []
-        self._pending: dict[str, dict[str, Any]] = {}
+        self.pending: dict[str, dict[str, Any]] = {}
+        self.closed = False
         self._flush_task: asyncio.Task[None] | None = None
+        self._group: live_groups.Group | None = None
         if not can_use_dashboard(self.user):
             # Closing before accept() refuses the handshake (the browser sees HTTP 403).
             await self.close()
@@ -99,8 +100,13 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         if getattr(self, "counted", False):
             metrics.WEBSOCKETS.dec()
             self.counted = False
+        self.closed = True
         if self._flush_task is not None:
             self._flush_task.cancel()
+        group = getattr(self, "_group", None)
+        if group is not None:
+            live_groups.leave(group, self)
+            self._group = None
         for group in getattr(self, "groups_joined", []):
             self.hub.unlisten(group, self.hear)
 
@@ -119,14 +125,32 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         """Keep the latest message per run, and every status the run went through meanwhile
         (a run can suspend and resume within one batch: the inbox must still hear of it)."""
         run_id = str(event.get("run_id"))
-        previous = self._pending.get(run_id)
+        previous = self.pending.get(run_id)
         statuses = {str(event.get("status"))} | (previous or {}).get("statuses", set())
         if previous is None or int(event.get("seq") or 0) >= int(previous.get("seq") or 0):
-            self._pending[run_id] = {**event, "statuses": statuses}
+            self.pending[run_id] = {**event, "statuses": statuses}
         else:
             previous["statuses"] = statuses
-        if self._flush_task is None:
-            self._flush_task = asyncio.ensure_future(self._flush_later())
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Flush with the group of sockets that share renders (runs/live_groups.py), or alone."""
+        key = self.share_key()
+        if self._group is not None and self._group.key != key:
+            live_groups.leave(self._group, self)
+            self._group = None
+        if key is None:
+            if self._flush_task is None:
+                self._flush_task = asyncio.ensure_future(self._flush_later())
+            return
+        if self._group is None:
+            self._group = live_groups.join(key, self.batch_seconds, self)
+        self._group.wake()
+
+    def share_key(self) -> tuple | None:
+        """The sockets of this process that hear the same changes and render them alike (same
+        view, filters and permissions), or None when this socket's renders are its own."""
+        return None
 
     def cache_key(self, changes: list[dict[str, Any]]) -> tuple | None:
         """What a render depends on, when sockets of this process may share it (None: never)."""
@@ -139,42 +163,15 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
     def adopt(self, state: Any) -> None:
         pass
 
-    async def _render(self, changes: list[dict[str, Any]]) -> str | list[str]:  # frames
-        key = self.cache_key(changes)
-        if key is None:
-            return await database_sync_to_async(self.render)(changes)
-        # Sockets showing the same view to users with the same permissions receive the same
-        # messages at the same tick: render once per process and share the html.
-        future = _shared_renders.get(key)
-        if future is not None:
-            html, state = await asyncio.shield(future)
-            self.adopt(state)
-            return html
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        _shared_renders[key] = future
-        try:
-            result = await database_sync_to_async(self.render_shared)(changes)
-        except BaseException as exc:
-            _shared_renders.pop(key, None)
-            future.set_exception(exc)
-            future.exception()  # retrieved: sharers re-raise it themselves
-            raise
-        future.set_result(result)
-        loop.call_later(2.0, _shared_renders.pop, key, None)
-        return result[0]
-
     async def _flush_later(self) -> None:
+        """A socket whose renders are its own: a fixed delay after the first message, then
+        everything pending, rendered as often as changes keep coming."""
         try:
-            # A fixed delay after the first message: sockets of one process hear a change within
-            # milliseconds of each other, so their batches match and they share one render.
-            # (Aligning flushes to a clock tick flushed sooner and let pushes overtake the
-            # response to a reviewer's own decision in the browser.)
             await asyncio.sleep(self.batch_seconds)
-            while self._pending:
-                batch, self._pending = self._pending, {}
+            while self.pending:
+                batch, self.pending = self.pending, {}
                 try:
-                    html = await self._render(list(batch.values()))
+                    html = await database_sync_to_async(self.render)(list(batch.values()))
                 except Exception:
                     # A failed render must not kill the socket: the page re-fetches on the next
                     # change (or its poll) and the error is in the log.
@@ -231,7 +228,7 @@ class RunsConsumer(_BatchingConsumer):
             )
             self.ordering: tuple[str, ...] | None = form.ordering
             self.page = form.page_number
-            self.shown = self._page_ids()
+            self.shown = set(self._page_ids())
         elif self.view == "runs":
             runs_form = RunFilterForm(self.params)
             self.filters = runs_form.run_filters()
@@ -241,15 +238,16 @@ class RunsConsumer(_BatchingConsumer):
             self.queryset = self.run_list.queryset
             self.ordering = self.run_list.live_ordering
             self.page = runs_form.page_number
-            self.shown = self._page_ids()
+            self.shown = set(self._page_ids())
         else:
             raise ValueError(f"unknown view {self.view!r}")
         return [RUNS_GROUP]
 
-    def _page_ids(self) -> set[str]:
+    def _page_ids(self) -> list[str]:
+        """The ids the page lists now, in order."""
         start = (self.page - 1) * PAGE_SIZE
         ids = self.queryset.values_list("id", flat=True)[start : start + PAGE_SIZE]
-        return {str(i) for i in ids}
+        return [str(i) for i in ids]
 
     async def catch_up(self) -> None:
         """Changes committed between the page's render and this connection."""
@@ -286,21 +284,20 @@ class RunsConsumer(_BatchingConsumer):
             self.watched.add(run_id)
             self.queue({"run_id": run_id, "seq": 0, "status": "watch"})
 
-    def cache_key(self, changes: list[dict[str, Any]]) -> tuple | None:
+    def share_key(self) -> tuple | None:
         if self.watched or self.view == "thread":
             return None  # personal: the reviewer's own decisions, the regions this page has
         params = tuple(sorted((k, tuple(v)) for k, v in self.params.lists() if k != "at"))
         if getattr(self, "filters", None) is not None and self.filters.assigned == "mine":
             # "mine" lists different runs for each reviewer: never share its render.
             params += (("viewer", (self.filters.viewer,)),)
-        return (
-            self.view,
-            str(getattr(self, "thread_id", "")),
-            params,
-            self.permission_key,
-            frozenset(getattr(self, "shown", ())),
-            _change_signature(changes),
-        )
+        return (self.view, params, self.permission_key)
+
+    def cache_key(self, changes: list[dict[str, Any]]) -> tuple | None:
+        key = self.share_key()
+        if key is None:
+            return None
+        return (*key, frozenset(getattr(self, "shown", ())), _change_signature(changes))
 
     def render_shared(self, changes: list[dict[str, Any]]) -> tuple[str | list[str], Any]:
         html = self.render(changes)
@@ -346,18 +343,27 @@ class RunsConsumer(_BatchingConsumer):
             return ""
         ids = [UUID(c["run_id"]) for c in relevant if c.get("status") != "deleted"]
         matching = {str(i) for i in self.queryset.filter(id__in=ids).values_list("id", flat=True)}
+        start = (self.page - 1) * PAGE_SIZE
+        page: list[str] | None = None
+
+        def position(run_id: str) -> int | None:
+            # The page as the database lists it now, read once per batch: a run off the page
+            # has no position the plan needs (a count per run cost a query each).
+            nonlocal page
+            if self.ordering is None:
+                return None
+            if page is None:
+                page = self._page_ids()
+            return start + page.index(run_id) if run_id in page else None
+
         plan = plan_rows(
             relevant,
             inbox=inbox,
             shown=self.shown,
             watched=self.watched,
             matching=matching,
-            position=lambda run_id: (
-                selectors.run_list_position(self.queryset, UUID(run_id), self.ordering)
-                if self.ordering is not None
-                else None
-            ),
-            start=(self.page - 1) * PAGE_SIZE,
+            position=position,
+            start=start,
             page_size=PAGE_SIZE,
         )
         self.shown = plan.shown

@@ -56,8 +56,9 @@ def plan_rows(
 ) -> ListPlan:
     """Plan a batch. `changes` carry run_id, seq, status and `statuses` (every status the run
     went through since the last batch); `matching` are the changed runs the list's filter
-    matches now; `position(run_id)` is a matching run's index in the whole ordered list
-    (called only for a run that may move or enter); the page shows [start, start+page_size).
+    matches now; `position(run_id)` is a matching run's index in the whole ordered list, or
+    None when it is not on the page (called only for a run that may move or enter); the page
+    shows [start, start+page_size).
 
     The runs list orders by creation, which never changes: a shown run is updated in place.
     The inbox orders by waiting time, so a shown run is placed again.

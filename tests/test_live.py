@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -15,6 +16,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from runs import services
+from runs.consumers import RunsConsumer
 from runs.models import Run, RunStatus, ToolCallStatus
 from runsite.asgi import application
 
@@ -344,6 +346,54 @@ async def test_a_thread_page_hears_its_runs(reviewer, drain) -> None:
         assert str(run.id) in text
     finally:
         await page.disconnect()
+
+
+# --- sockets of one view flush together and share renders ---------------------------------
+
+
+async def test_sockets_of_one_list_flush_together_and_share_every_render(
+    support, monkeypatch
+) -> None:
+    """Renders slower than the changes come, and a second socket connecting while the first
+    renders: from the second's first change on, every render is sent to both (timed per
+    socket, they fell out of step and each rendered every batch itself)."""
+    renders: list[int] = []
+    original = RunsConsumer.render_shared
+
+    def counted(self: RunsConsumer, changes: list[dict[str, Any]]) -> tuple[Any, Any]:
+        time.sleep(0.25)  # a render that takes a while, as under load
+        html, state = original(self, changes)
+        if html:
+            renders.append(len(changes))
+        return html, state
+
+    monkeypatch.setattr(RunsConsumer, "render_shared", counted)
+    monkeypatch.setattr(RunsConsumer, "batch_seconds", 0.2)
+    path = "/ws/runs/?view=runs&status=pending"
+    first, ok1 = await connect(path, support)
+    created = [await db(pending_echo)()]
+    await asyncio.sleep(0.05)
+    second, ok2 = await connect(path, support)
+    assert ok1 and ok2
+    try:
+        for _ in range(12):
+            created.append(await db(pending_echo)())
+            await asyncio.sleep(0.1)
+        frames = []
+        for communicator, expected in ((first, created), (second, created[1:])):
+            received: list[str] = []
+            while not all(f'id="run-row-{run.id}"' in "".join(received) for run in expected):
+                received.append(await communicator.receive_from(timeout=5))
+            frames.append(received)
+        assert await first.receive_nothing(timeout=0.6)
+        assert await second.receive_nothing(timeout=0.1)
+    finally:
+        await first.disconnect()
+        await second.disconnect()
+    assert len(frames[0]) >= 3
+    # Every render but those before the second socket's first batch went to both.
+    assert len(renders) <= max(len(frames[0]), len(frames[1])) + 1, (renders, frames)
+    assert frames[0][-1] == frames[1][-1]
 
 
 # --- what a push to a busy run's page carries --------------------------------------------

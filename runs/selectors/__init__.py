@@ -630,32 +630,6 @@ def dashboard_overview(*, user: Any, limit: int = 8) -> Overview:
     )
 
 
-def run_list_position(
-    queryset: QuerySet[Run], run_id: UUID, ordering: tuple[str, ...]
-) -> int | None:
-    """The 0-based index of a run within an ordered list, or None when it is not in the list.
-
-    Used by live list pages to insert a row pushed over the websocket at its place. `ordering`
-    is the list's order_by() (e.g. ("-suspended_at", "-id")); it must end with a unique field.
-    """
-    row = queryset.filter(id=run_id).values(*[f.lstrip("-") for f in ordering]).first()
-    if row is None:
-        return None
-    # Keyset: rows strictly before this one in the ordering (a, b): a < x or (a = x and b < y).
-    before = Q(pk__in=[])
-    equal = Q()
-    for field_name in ordering:
-        name = field_name.lstrip("-")
-        value = row[name]
-        if value is None:
-            # NULLs sort apart per backend; such rows are rare (suspended without a time).
-            return None
-        op = "gt" if field_name.startswith("-") else "lt"
-        before |= equal & Q(**{f"{name}__{op}": value})
-        equal &= Q(**{name: value})
-    return queryset.filter(before).count()
-
-
 def inbox_rows(run_ids: list[UUID], *, user: Any) -> list[Run]:
     """Runs as the inbox shows them, decided or not: waiting calls plus every tool call."""
     return list(

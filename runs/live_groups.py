@@ -1,0 +1,121 @@
+"""Sockets of one process that show the same list to users with the same permissions, flushed
+together: one timer, one snapshot of their batches, one render per distinct batch, the same
+bytes sent to each.
+
+Each socket timing its own batch from its own first message drifts apart from the others (one
+was still sending when a change came, one connected later). Their batches then differ, each
+renders on its own, the renders queue behind each other on the one database thread and the
+sockets drift further: under load (200 sockets) every socket ended up rendering for itself,
+seconds behind. A group takes every member's batch at the same moment instead, so members that
+show the same rows render once between them.
+
+Timing: a group that has not flushed for `interval` seconds flushes on the next turn of the loop
+(a change on a quiet page is pushed at once); a busy one `interval` seconds after its last flush
+ended, with everything that came meanwhile (renders slower than the changes come do not run back
+to back). The consumer (runs/consumers.py) says which sockets share a
+group (`share_key`) and renders; this module only times, groups and sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Hashable
+from typing import Any, Protocol
+
+from channels.db import database_sync_to_async
+
+logger = logging.getLogger("runs.consumers")
+
+Frames = str | list[str]
+
+
+class Member(Protocol):
+    """A socket of a group (runs/consumers.py `_BatchingConsumer`)."""
+
+    pending: dict[str, dict[str, Any]]
+    closed: bool
+
+    def cache_key(self, changes: list[dict[str, Any]]) -> Hashable: ...
+
+    def render_shared(self, changes: list[dict[str, Any]]) -> tuple[Frames, Any]: ...
+
+    def adopt(self, state: Any) -> None: ...
+
+    async def send(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None: ...
+
+
+class Group:
+    def __init__(self, key: Hashable, interval: float) -> None:
+        self.key = key
+        self.interval = interval
+        self.members: set[Member] = set()
+        self.last_flush = -math.inf
+        self.task: asyncio.Task[None] | None = None
+
+    def wake(self) -> None:
+        """A member has a change pending: flush (now or after the interval)."""
+        if self.task is None:
+            self.task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while any(member.pending for member in self.members):
+                # Even when due now, a turn of the loop passes first: every member has heard the
+                # change that woke the group (the hub hands a change to all of them in one call).
+                await asyncio.sleep(max(0.0, self.last_flush + self.interval - loop.time()))
+                await self.flush()
+                self.last_flush = loop.time()
+        finally:
+            self.task = None
+            if not self.members:
+                _groups.pop(self.key, None)
+
+    async def flush(self) -> None:
+        """Take every member's batch at once; render each distinct one once; send it to each
+        member that had it."""
+        batches: dict[Hashable, tuple[list[dict[str, Any]], list[Member]]] = {}
+        for member in list(self.members):
+            if not member.pending:
+                continue
+            changes = list(member.pending.values())
+            member.pending = {}
+            key = member.cache_key(changes)
+            batches.setdefault(key, (changes, []))[1].append(member)
+        for changes, members in batches.values():
+            try:
+                frames, state = await database_sync_to_async(members[0].render_shared)(changes)
+            except Exception:
+                # A failed render must not stop the group: the pages re-fetch on the next change
+                # (or their poll) and the error is in the log.
+                logger.exception("live: rendering a push failed")
+                continue
+            for member in members:
+                member.adopt(state)
+                if not member.closed:
+                    await _send(member, frames)
+
+
+async def _send(member: Member, frames: Frames) -> None:
+    for frame in [frames] if isinstance(frames, str) else frames:
+        if frame:
+            await member.send(text_data=frame)
+
+
+_groups: dict[Hashable, Group] = {}
+
+
+def join(key: Hashable, interval: float, member: Member) -> Group:
+    group = _groups.get(key)
+    if group is None:
+        group = _groups[key] = Group(key, interval)
+    group.members.add(member)
+    return group
+
+
+def leave(group: Group, member: Member) -> None:
+    group.members.discard(member)
+    if not group.members and group.task is None:
+        _groups.pop(group.key, None)
