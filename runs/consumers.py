@@ -333,8 +333,10 @@ class RunsConsumer(_BatchingConsumer):
         """Rows to insert, update or delete for a batch of changed runs, then the total.
 
         `self.shown` is what this socket believes the page lists (its page at connect time,
-        then every row pushed or deleted). One query finds which changed runs match the list;
-        a matching run not shown yet costs one more (its position, to insert it in place).
+        then every row pushed or deleted). The runs list reads the changed runs it matches as
+        the rows it shows (the inbox reads which match, then its rows, which include runs its
+        reviewer decided); a matching run not shown yet costs one read of the page's ids (to
+        insert it in place); a change of membership one more, for the totals.
         """
         inbox = self.view == "inbox"
         prefix = "inbox-row-" if inbox else "run-row-"
@@ -342,7 +344,14 @@ class RunsConsumer(_BatchingConsumer):
         if not relevant:
             return ""
         ids = [UUID(c["run_id"]) for c in relevant if c.get("status") != "deleted"]
-        matching = {str(i) for i in self.queryset.filter(id__in=ids).values_list("id", flat=True)}
+        fetched: dict[str, Any] = {}
+        if inbox:
+            matching = {
+                str(i) for i in self.queryset.filter(id__in=ids).values_list("id", flat=True)
+            }
+        else:
+            fetched = self._rows([str(i) for i in ids])
+            matching = set(fetched)
         start = (self.page - 1) * PAGE_SIZE
         page: list[str] | None = None
 
@@ -368,7 +377,7 @@ class RunsConsumer(_BatchingConsumer):
         )
         self.shown = plan.shown
         parts = []
-        rows = self._rows(plan.rendered_ids)
+        rows = self._rows(plan.rendered_ids) if inbox else fetched
         for step in plan.actions:
             run = rows.get(step.run_id)
             if step.action == "delete" or run is None:
@@ -383,16 +392,18 @@ class RunsConsumer(_BatchingConsumer):
             else:
                 parts.append(self.fragments.run_row(run, insert_at=step.insert_at))
         if plan.membership_changed:
-            total = self.queryset.count()
+            if inbox and not _has_filters(self.filters):
+                total = waiting = self.queryset.count()
+            else:
+                # The list's total and the navigation's inbox count in one statement.
+                total, waiting = selectors.counts(
+                    self.queryset, selectors.inbox(selectors.RunFilters(), user=self.user)
+                )
             noun = "waiting run" if inbox else "run"
             parts.append(
                 self.fragments.list_total("inbox-total" if inbox else "runs-total", total, noun)
             )
-            parts.append(
-                self.fragments.nav_inbox_count(
-                    total if inbox and not _has_filters(self.filters) else _inbox_count(self.user)
-                )
-            )
+            parts.append(self.fragments.nav_inbox_count(waiting))
         return "\n".join(p for p in parts if p)
 
     def _rows(self, run_ids: list[str]) -> dict[str, Any]:
@@ -408,10 +419,6 @@ class RunsConsumer(_BatchingConsumer):
 
 def _has_filters(filters: selectors.RunFilters) -> bool:
     return filters != selectors.RunFilters()
-
-
-def _inbox_count(user: Any) -> int:
-    return selectors.inbox(selectors.RunFilters(), user=user).count()
 
 
 class RunConsumer(_BatchingConsumer):

@@ -466,3 +466,30 @@ def test_a_run_push_after_more_events_than_the_window_makes_the_page_refetch(
     first_after = int(re.search(r'data-after-seq="(\d+)"', timeline).group(1))
     # Past what the page shows (seq 1): the browser sees a gap and re-fetches its regions.
     assert first_after == page.events[-1].seq - 1 > 1
+
+
+def test_a_batch_of_new_runs_on_the_runs_list_costs_five_statements(
+    support, django_assert_num_queries
+) -> None:
+    """Rows (with their waiting calls and queue holders) double as the list's membership, the
+    page's ids place them, and the list's total and the inbox count are one statement."""
+    from django.http import QueryDict
+
+    from runs import selectors
+
+    consumer = RunsConsumer()
+    consumer.user, consumer.scope = support, {"url_route": {"kwargs": {}}}
+    consumer.params = QueryDict("view=runs")
+    consumer.visibility = selectors.scope_for(support)
+    consumer.prepare()
+    new = [pending_echo() for _ in range(3)]
+    changes = [
+        {"run_id": str(r.id), "seq": r.last_seq, "status": "pending", "statuses": {"pending"}}
+        for r in new
+    ]
+    with django_assert_num_queries(5):
+        html = consumer.render(changes)
+    for run in new:
+        assert f'id="run-row-{run.id}"' in html
+    assert re.search(r'id="runs-total"[^>]*>3 runs<', html)
+    assert 'id="nav-inbox-count"' in html

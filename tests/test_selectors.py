@@ -178,3 +178,15 @@ def test_runs_for_agent_filters_by_status(suspended) -> None:
     with pytest.raises(ValidationFailed) as err:
         selectors.runs_for_agent(agent_id="refund", status="sleeping")
     assert "sleeping" in err.value.detail
+
+
+def test_counts_are_each_querysets_count_in_one_statement(
+    suspended, django_assert_num_queries
+) -> None:
+    by_status = Run.objects.filter(status=RunStatus.SUSPENDED)
+    acme = Run.objects.filter(resource_id="acme").order_by("-created_at")
+    nothing = Run.objects.filter(agent_id="no-such-agent")
+    expected = [by_status.count(), acme.count(), nothing.count(), Run.objects.count()]
+    assert expected[0] == 6 and expected[1] == 2 and expected[2] == 0
+    with django_assert_num_queries(1):
+        assert selectors.counts(by_status, acme, nothing, Run.objects.all()) == expected
