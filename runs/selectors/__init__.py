@@ -633,7 +633,8 @@ def dashboard_overview(*, user: Any, limit: int = 8) -> Overview:
 
 def counts(*querysets: QuerySet[Any]) -> list[int]:
     """The number of rows of each queryset, in one statement (one round trip, not one each)."""
-    parts, params = [], []
+    parts: list[str] = []
+    params: list[Any] = []
     for n, queryset in enumerate(querysets):
         sql, args = queryset.order_by().values("pk").query.sql_with_params()
         parts.append(f"(SELECT COUNT(*) FROM ({sql}) AS counted_{n})")
