@@ -29,12 +29,13 @@ from django.conf import settings  # noqa: E402
 
 from runs import live  # noqa: E402
 from runs.routing import websocket_urlpatterns  # noqa: E402
-from runsite import server_tuning  # noqa: E402
+from runsite import server_tuning, warmup  # noqa: E402
 from runsite.handlers import ApiHandler  # noqa: E402
 
 API_PREFIX = "/api/"
 
 server_tuning.apply()  # Daphne's per-request work nothing reads (runsite/server_tuning.py)
+warmup.warm_up()  # URLs and templates loaded before the first request (runsite/warmup.py)
 
 
 # django-stubs types the handler's own signature more narrowly than asgiref's protocol.

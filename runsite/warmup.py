@@ -1,0 +1,41 @@
+"""Warm-up of a web process: the work its first request and first live push would pay.
+
+Daphne (like any ASGI server) imports the URLconf on the first HTTP request that resolves a
+path, and Django's cached template loader compiles each template on its first render. The first
+API request after a start therefore imported every view, ninja's API and the admin (~200 ms
+here), and the first push to the dashboard's sockets, which need `reverse()` but no request,
+took ~250 ms instead of ~5 ms (docs/benchmarks.md). `warm_up()` does both when the ASGI
+application loads (runsite/asgi.py), before the server accepts a connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.conf import settings
+from django.template import TemplateDoesNotExist, TemplateSyntaxError
+from django.template.loader import get_template
+from django.urls import get_resolver
+
+logger = logging.getLogger(__name__)
+
+
+def warm_up() -> int:
+    """Import the URLconf and build its reverse map; compile the project's templates. Returns
+    how many templates were compiled. A template that fails to compile is logged, not raised:
+    it fails on its own page as it would have without the warm-up."""
+    started = time.monotonic()
+    get_resolver().reverse_dict  # noqa: B018 - reading it imports the URLconf and fills the map
+    compiled = 0
+    for folder in settings.TEMPLATES[0]["DIRS"]:
+        for path in sorted(folder.rglob("*.html")):
+            name = path.relative_to(folder).as_posix()
+            try:
+                get_template(name)
+            except (TemplateDoesNotExist, TemplateSyntaxError):
+                logger.exception("warm-up: template %s does not compile", name)
+                continue
+            compiled += 1
+    logger.debug("warm-up: %d templates in %.0f ms", compiled, (time.monotonic() - started) * 1e3)
+    return compiled

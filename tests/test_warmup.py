@@ -1,0 +1,59 @@
+"""runsite/warmup.py: a web process loads its URLs and compiles its templates when the ASGI
+application loads, so neither its first request nor its first live push pays for them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runsite import warmup
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROBE = """
+import json, os, sys
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runsite.settings")
+import runsite.asgi
+from django.template import engines
+from django.urls import get_resolver
+loader = engines["django"].engine.template_loaders[0]
+print(json.dumps({
+    "urls_imported": "runsite.urls" in sys.modules and "runs.api.langgraph" in sys.modules,
+    "reverse_map_built": get_resolver()._populated,
+    "templates": sorted(str(key) for key in loader.get_template_cache),
+}))
+"""
+
+
+def test_loading_the_asgi_application_loads_the_urls_and_compiles_the_templates() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
+    state = json.loads(out.stdout.strip().splitlines()[-1])
+    assert state["urls_imported"] is True
+    assert state["reverse_map_built"] is True
+    for name in (
+        "runs/_fragments/run_row.html",
+        "runs/_fragments/inbox_row.html",
+        "runs/run_list.html",
+    ):
+        assert name in state["templates"]
+
+
+def test_a_template_that_does_not_compile_is_logged_and_the_rest_still_compile(
+    settings: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "good.html").write_text("{{ value }}")
+    (tmp_path / "nested").mkdir()
+    (tmp_path / "nested" / "also_good.html").write_text("{% if x %}x{% endif %}")
+    (tmp_path / "broken.html").write_text("{% if %}")
+    settings.TEMPLATES = [{**settings.TEMPLATES[0], "DIRS": [tmp_path]}]
+    assert warmup.warm_up() == 2
+    assert "template broken.html does not compile" in caplog.text
