@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any, cast
 
 from django.conf import settings
 from django.template import TemplateDoesNotExist, TemplateSyntaxError
@@ -29,7 +30,7 @@ def warm_up() -> int:
     started = time.monotonic()
     get_resolver().reverse_dict  # noqa: B018 - reading it imports the URLconf and fills the map
     compiled = 0
-    folders: list[Path] = [Path(d) for d in settings.TEMPLATES[0]["DIRS"]]
+    folders = [Path(d) for d in cast(list[Any], settings.TEMPLATES[0]["DIRS"])]
     for folder in folders:
         for path in sorted(folder.rglob("*.html")):
             name = path.relative_to(folder).as_posix()
