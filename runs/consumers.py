@@ -15,8 +15,9 @@ which includes the scope.
 once per batch, so a run stepping ten times a second costs a few renders, not ten per viewer.
 The list pages' sockets that show the same view to users with the same permissions flush as one
 group (runs/live_groups.py): one moment, one render per distinct batch, the same bytes to each.
-A run page, a thread page and an inbox following its reviewer's own decisions render alone. Messages carry the run's event seq; the browser drops fragments older than what
-it shows and re-fetches a region when it sees a gap (static/runs/app.js).
+A run page, a thread page and an inbox following its reviewer's own decisions render alone.
+Messages carry the run's event seq; the browser drops fragments older than what it shows and
+re-fetches a region when it sees a gap (static/runs/app.js).
 """
 
 from __future__ import annotations

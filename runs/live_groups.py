@@ -99,9 +99,14 @@ class Group:
 
 
 async def _send(member: Member, frames: Frames) -> None:
-    for frame in [frames] if isinstance(frames, str) else frames:
-        if frame:
-            await member.send(text_data=frame)
+    try:
+        for frame in [frames] if isinstance(frames, str) else frames:
+            if frame:
+                await member.send(text_data=frame)
+    except Exception:
+        # One socket that cannot be written to (it is going away) must not keep the frames
+        # from the others; its own disconnect removes it from the group.
+        logger.warning("live: a push could not be sent to one socket", exc_info=True)
 
 
 _groups: dict[Hashable, Group] = {}

@@ -164,3 +164,21 @@ async def test_a_failed_render_does_not_stop_the_group(caplog: pytest.LogCapture
     await settle(group)
     assert [text for _, text in member.received] == ["p1:r2"]
     assert "rendering a push failed" in caplog.text
+
+
+async def test_a_socket_that_cannot_be_written_to_does_not_keep_the_frames_from_the_others(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Gone(Member):
+        async def send(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+            raise ConnectionResetError("socket gone")
+
+    group_key = key()
+    members = [Member(), Gone(), Member()]
+    for member in members:
+        group = live_groups.join(group_key, 0.05, member)
+        member.hear("r1")
+    group.wake()
+    await settle(group)
+    assert members[0].received[0][1] == members[2].received[0][1] == "p1:r1"
+    assert "could not be sent to one socket" in caplog.text
