@@ -12,8 +12,8 @@ show the same rows render once between them.
 Timing: a group that has not flushed for `interval` seconds flushes on the next turn of the loop
 (a change on a quiet page is pushed at once); a busy one `interval` seconds after its last flush
 ended, with everything that came meanwhile (renders slower than the changes come do not run back
-to back). The consumer (runs/consumers.py) says which sockets share a
-group (`share_key`) and renders; this module only times, groups and sends.
+to back). The consumer (runs/consumers.py) says which sockets share a group (`share_key`) and
+renders; this module only times, groups and sends.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ class Member(Protocol):
 
 
 class Group:
+    """The members of one `share_key` in this process, and the task that flushes them."""
+
     def __init__(self, key: Hashable, interval: float) -> None:
         self.key = key
         self.interval = interval
