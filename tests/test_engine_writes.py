@@ -3,6 +3,7 @@ folded into the next write where nothing happens in between."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -84,3 +85,40 @@ def test_the_approved_refund_runs_and_finishes(drain, writes, reviewer) -> None:
     assert refund.status == ToolCallStatus.SUCCEEDED and refund.result["refunded"] is True
     seqs = list(run.events.order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, run.last_seq + 1))
+
+
+def test_a_cancel_between_a_decision_and_its_tool_leaves_the_call_not_started(
+    drain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lookup call is written `running` with the decision that proposes it; a cancel that
+    lands after that write and before the tool starts stops the run at the check before the
+    tool: the call goes back to `proposed` (it never ran), not `running` for ever."""
+    real = services.run_save_steps
+    cancelled: list[Any] = []
+
+    def save_then_cancel(*args: Any, **kwargs: Any) -> Any:
+        fence = real(*args, **kwargs)
+        if fence.tool_calls and not cancelled:
+            run = Run.objects.get(id=kwargs["lease"].run_id)
+            services.run_cancel(run=run, action="interrupt", actor="t", reason="stop")
+            cancelled.append(run.id)
+            # What the cancel's NOTIFY tells the worker, arriving right after the write.
+            return dataclasses.replace(fence, cancel_action="interrupt")
+        return fence
+
+    monkeypatch.setattr(services, "run_save_steps", save_then_cancel)
+    run = services.run_create(
+        agent_id="refund", thread_id=None, input={"order_id": "A1", "amount": 5}, actor="t"
+    )
+    drain()
+    run.refresh_from_db()
+    assert cancelled == [run.id]
+    assert run.status == RunStatus.INTERRUPTED
+    call = ToolCall.objects.get(run=run)
+    assert (call.tool_name, call.status, call.started_at, call.result) == (
+        "lookup_order",
+        ToolCallStatus.PROPOSED,
+        None,
+        None,
+    )
+    assert not run.events.filter(kind="tool_result").exists()

@@ -21,6 +21,7 @@ from runs.engine.agent import Agent
 from runs.engine.context import (
     NonRetryableError,
     RunControl,
+    RunStopped,
     SubAgentSuspended,
     SuspendRequested,
     ToolContext,
@@ -153,6 +154,17 @@ class StepLoop:
         return services.StepWrite(uuid7(), prev.step + 1, values, pending, prev.id)
 
     def run_until_stop(self) -> Finished | Suspended:
+        try:
+            return self._steps()
+        except RunStopped:
+            if self._marked_running:
+                # Written `running` with their decision, but stopped before their tools started.
+                services.tool_calls_not_started(
+                    lease=self.lease, tool_call_ids=sorted(self._marked_running)
+                )
+            raise
+
+    def _steps(self) -> Finished | Suspended:
         checkpoint, calls = self._load()
         decisions = len({c.step for c in calls.values()})
         while True:

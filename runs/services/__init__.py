@@ -74,7 +74,13 @@ from runs.services.review_deadlines import (
 from runs.services.runs import run_create, run_create_child
 from runs.services.saved_views import saved_view_create, saved_view_delete, saved_view_rename
 from runs.services.search import search_refresh, search_refresh_thread
-from runs.services.steps import run_emit, run_save_steps, run_suspend, tool_call_update
+from runs.services.steps import (
+    run_emit,
+    run_save_steps,
+    run_suspend,
+    tool_call_update,
+    tool_calls_not_started,
+)
 from runs.services.tenants import staff_scope_set
 from runs.services.threads import (
     thread_create,
@@ -159,4 +165,5 @@ __all__ = [
     "tool_call_inbox_decide",
     "tool_call_release",
     "tool_call_update",
+    "tool_calls_not_started",
 ]

@@ -154,6 +154,19 @@ def tool_call_update(
     return fence
 
 
+def tool_calls_not_started(*, lease: Lease, tool_call_ids: Sequence[str]) -> None:
+    """Calls written `running` together with their decision whose tools never started: the run
+    was stopped (cancelled, timed out, released) in between. Back to `proposed`, as if they had
+    been marked only when they started; written only while this lease's attempt still holds the
+    run (a worker that lost it writes nothing), and only for calls still `running`."""
+    ToolCall.objects.filter(
+        run_id=lease.run_id,
+        tool_call_id__in=list(tool_call_ids),
+        status=ToolCallStatus.RUNNING,
+        run__attempt=lease.attempt,
+    ).update(status=ToolCallStatus.PROPOSED, started_at=None)
+
+
 def _tool_call_changes(status: str, result: JSONValue | _Unset) -> dict[str, object]:
     now = _now()
     update: dict[str, object] = {"status": status}

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runs import services
 from runs.models import Checkpoint, RunEvent, RunStatus, ToolCall, ToolCallStatus
-from tests.e2e.cancel_agents import AGENTS
+from tests.e2e.cancel_agents import AGENTS, STARTED_FILE
 from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
@@ -27,12 +28,16 @@ def cancel_agents(register_agent: Callable[[Any], Any]) -> None:
 
 
 def test_a_tool_finishing_after_the_cancel_is_recorded_and_nothing_follows(
-    cancel_agents, start_worker, support
+    cancel_agents, start_worker, support, tmp_path: Path
 ) -> None:
-    worker = start_worker(concurrency=1, **WORKER_ENV)
+    started = tmp_path / "tool-started"
+    worker = start_worker(concurrency=1, **WORKER_ENV, **{STARTED_FILE: str(started)})
     thread = services.thread_create(metadata={})
     run = services.run_create(agent_id="stubborn", thread_id=thread.id, input={}, actor="t")
-    wait_for(lambda: ToolCall.objects.filter(run=run, status="running").exists(), timeout=15)
+    # The tool itself has started (the record says `running` a moment earlier, with the
+    # decision; a cancel in that moment stops the run before the tool: tests/test_engine_writes.py).
+    wait_for(started.exists, timeout=15)
+    assert ToolCall.objects.get(run=run).status == ToolCallStatus.RUNNING
     checkpoints = Checkpoint.objects.filter(run=run).count()
 
     ended = services.run_cancel(run=run, action="interrupt", actor=support, reason="stop")
