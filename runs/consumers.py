@@ -178,9 +178,7 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
                     # change (or its poll) and the error is in the log.
                     logger.exception("live: rendering a push failed")
                     continue
-                for frame in [html] if isinstance(html, str) else html:
-                    if frame:
-                        await self.send(text_data=frame)
+                await live_groups.send_frames(self, html)
         finally:
             self._flush_task = None
 

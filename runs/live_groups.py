@@ -97,10 +97,11 @@ class Group:
             for member in members:
                 member.adopt(state)
                 if not member.closed:
-                    await _send(member, frames)
+                    await send_frames(member, frames)
 
 
-async def _send(member: Member, frames: Frames) -> None:
+async def send_frames(member: Member, frames: Frames) -> None:
+    """Send one socket its frames in order (a push may be several, swapped one at a time)."""
     try:
         for frame in [frames] if isinstance(frames, str) else frames:
             if frame:
