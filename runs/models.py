@@ -115,15 +115,15 @@ class Thread(models.Model):
 class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     thread = models.ForeignKey(
-        Thread, null=True, blank=True, on_delete=models.CASCADE, related_name="runs"
+        Thread, null=True, blank=True, on_delete=models.DB_CASCADE, related_name="runs"
     )
     agent_id = models.CharField(max_length=128)
     parent_run = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="child_runs"
+        "self", null=True, blank=True, on_delete=models.DB_CASCADE, related_name="child_runs"
     )
     # The ended run this one re-runs (services.run_retry); the original lists `retries`.
     retry_of = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
+        "self", null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="retries"
     )
     # Copied from the thread at creation so every filter on it needs no join.
     resource_id = models.CharField(max_length=255, null=True, blank=True)
@@ -240,14 +240,14 @@ class Checkpoint(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     thread = models.ForeignKey(
-        Thread, null=True, blank=True, on_delete=models.CASCADE, related_name="checkpoints"
+        Thread, null=True, blank=True, on_delete=models.DB_CASCADE, related_name="checkpoints"
     )
     # Null for a checkpoint written by hand (POST /threads/{id}/state), not by a run.
     run = models.ForeignKey(
-        Run, null=True, blank=True, on_delete=models.CASCADE, related_name="checkpoints"
+        Run, null=True, blank=True, on_delete=models.DB_CASCADE, related_name="checkpoints"
     )
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        "self", null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="+"
     )
     step = models.PositiveIntegerField()
     values = models.JSONField(default=dict)
@@ -270,7 +270,7 @@ class Checkpoint(models.Model):
 
 class ToolCall(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls")
+    run = models.ForeignKey(Run, on_delete=models.DB_CASCADE, related_name="tool_calls")
     tool_call_id = models.CharField(max_length=128)
     step = models.PositiveIntegerField(default=0)
     tool_name = models.CharField(max_length=128)
@@ -286,7 +286,7 @@ class ToolCall(models.Model):
     result = models.JSONField(null=True, blank=True)
     # The sub-agent run this call delegated to (nested agents).
     child_run = models.ForeignKey(
-        Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="delegated_from"
+        Run, null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="delegated_from"
     )
     decided_by = models.CharField(max_length=150, blank=True, default="")
     decided_at = models.DateTimeField(null=True, blank=True)
@@ -377,7 +377,7 @@ class RunEvent(models.Model):
     """One entry of a run's timeline, ordered by seq; the source for streams and live pushes."""
 
     id = models.BigAutoField(primary_key=True)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    run = models.ForeignKey(Run, on_delete=models.DB_CASCADE, related_name="events")
     seq = models.PositiveIntegerField()
     kind = models.CharField(max_length=32)
     data = models.JSONField(default=dict, blank=True)
@@ -476,12 +476,14 @@ class GraphCheckpoint(models.Model):
     """
 
     id = models.BigAutoField(primary_key=True)
-    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="+")
+    thread = models.ForeignKey(Thread, on_delete=models.DB_CASCADE, related_name="+")
     checkpoint_ns = models.CharField(max_length=255, blank=True, default="")
     checkpoint_id = models.CharField(max_length=64)
     parent_checkpoint_id = models.CharField(max_length=64, null=True, blank=True)
     # Null for a checkpoint written by update_state, not by a run.
-    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey(
+        Run, null=True, blank=True, on_delete=models.DB_CASCADE, related_name="+"
+    )
     type = models.CharField(max_length=32)
     checkpoint = models.BinaryField()
     metadata = models.JSONField(default=dict, blank=True)
@@ -504,7 +506,7 @@ class GraphWrite(models.Model):
     may write against a checkpoint before putting it). `run` is the run that wrote it."""
 
     id = models.BigAutoField(primary_key=True)
-    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="+")
+    thread = models.ForeignKey(Thread, on_delete=models.DB_CASCADE, related_name="+")
     checkpoint_ns = models.CharField(max_length=255, blank=True, default="")
     checkpoint_id = models.CharField(max_length=64)
     task_id = models.CharField(max_length=64)
@@ -513,7 +515,9 @@ class GraphWrite(models.Model):
     channel = models.CharField(max_length=255)
     type = models.CharField(max_length=32)
     value = models.BinaryField()
-    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey(
+        Run, null=True, blank=True, on_delete=models.DB_CASCADE, related_name="+"
+    )
 
     class Meta:
         constraints: ClassVar = [
@@ -649,7 +653,7 @@ class RunSearch(models.Model):
     (runs/services/search.py). On PostgreSQL migration 0007 adds a generated `document_tsv`
     column (to_tsvector('simple', document)) with a GIN index; SQLite searches `document`."""
 
-    run = models.OneToOneField(Run, primary_key=True, on_delete=models.CASCADE, related_name="+")
+    run = models.OneToOneField(Run, primary_key=True, on_delete=models.DB_CASCADE, related_name="+")
     document = models.TextField(blank=True, default="")
 
     def __str__(self) -> str:

@@ -36,6 +36,7 @@ from runs.models import (
     ToolCall,
 )
 from runs.selectors import reviews
+from runs.selectors.rows import row_by
 
 # The tenant scope (runs/selectors/scope.py), re-exported: `selectors.visible_runs(user)`.
 from runs.selectors.scope import (
@@ -290,12 +291,12 @@ def runs_for_agent(
 def run_get(
     run_id: UUID, *, pinned_resource_id: str | None = None, thread_id: UUID | None = None
 ) -> Run:
-    qs = Run.objects.filter(id=run_id)
+    equal: dict[str, Any] = {"id": run_id}
     if thread_id is not None:
-        qs = qs.filter(thread_id=thread_id)
+        equal["thread_id"] = thread_id
     if pinned_resource_id is not None:
-        qs = qs.filter(resource_id=pinned_resource_id)
-    run = qs.first()
+        equal["resource_id"] = pinned_resource_id
+    run = row_by(Run, **equal)
     if run is None:
         raise NotFound(f"Run {run_id} not found", code="run_not_found")
     return run
@@ -310,10 +311,10 @@ def run_for_agent(run_id: UUID, *, agent_id: str, pinned_resource_id: str | None
 
 
 def thread_get(thread_id: UUID, *, pinned_resource_id: str | None = None) -> Thread:
-    qs = Thread.objects.filter(id=thread_id)
+    equal: dict[str, Any] = {"id": thread_id}
     if pinned_resource_id is not None:
-        qs = qs.filter(resource_id=pinned_resource_id)
-    thread = qs.first()
+        equal["resource_id"] = pinned_resource_id
+    thread = row_by(Thread, **equal)
     if thread is None:
         raise NotFound(f"Thread {thread_id} not found", code="thread_not_found")
     return thread
@@ -846,7 +847,7 @@ def api_key_for_raw(raw: str) -> Any:
 
     if not raw:
         return None
-    return ApiKey.objects.filter(key_hash=ApiKey.hash_key(raw), revoked_at__isnull=True).first()
+    return row_by(ApiKey, key_hash=ApiKey.hash_key(raw), revoked_at=None)
 
 
 def run_stream_state(

@@ -1,0 +1,84 @@
+"""`selectors.rows.row_by`: the same instance a QuerySet reads, on either database."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.db.models import Model
+
+from runs import selectors, services
+from runs.exceptions import NotFound
+from runs.models import ApiKey, Run, Thread
+from runs.selectors.rows import row_by
+
+pytestmark = pytest.mark.django_db
+
+
+def _columns(instance: Model) -> dict[str, object]:
+    return {f.attname: getattr(instance, f.attname) for f in type(instance)._meta.concrete_fields}
+
+
+def test_a_run_reads_as_the_orm_reads_it(drain):
+    thread = services.thread_create(metadata={"resource_id": "acme", "note": "x"})
+    run = services.run_create(
+        agent_id="refund",
+        thread_id=thread.id,
+        input={"order_id": "O-1", "amount": 12.5, "nested": [1, {"a": None}]},
+        actor="t",
+    )
+    drain()  # suspended: dates, JSON and the lease columns all set by the engine
+
+    got = row_by(Run, id=run.id, thread_id=thread.id)
+    want = Run.objects.get(id=run.id)
+
+    assert got is not None
+    assert _columns(got) == _columns(want)
+    assert got.input == {"order_id": "O-1", "amount": 12.5, "nested": [1, {"a": None}]}
+    assert got.created_at.tzinfo is not None
+    assert isinstance(got.id, uuid.UUID) and isinstance(got.thread_id, uuid.UUID)
+    assert got._state.adding is False and got._state.db == "default"
+    # A relation given as an instance is matched by its key, as the ORM does.
+    assert row_by(Run, id=run.id, thread=thread) is not None
+    assert _columns(row_by(Thread, id=thread.id)) == _columns(Thread.objects.get(id=thread.id))
+
+
+def test_every_column_must_match_and_none_means_null(drain):
+    thread = services.thread_create(metadata={"resource_id": "acme"})
+    other = services.thread_create()
+    run = services.run_create(agent_id="echo", thread_id=thread.id, input={}, actor="t")
+
+    assert row_by(Run, id=run.id, thread_id=other.id) is None
+    assert row_by(Run, id=run.id, resource_id="globex") is None
+    assert row_by(Run, id=run.id, resource_id="acme") is not None
+    assert row_by(Run, id=uuid.uuid4()) is None
+    assert row_by(Run, id=run.id, parent_run_id=None) is not None
+
+
+def test_a_revoked_key_is_not_found_and_an_active_one_is():
+    key, raw = services.api_key_create(name="k")
+
+    assert selectors.api_key_for_raw(raw).id == key.id
+    services.api_key_revoke(key=key)
+    assert selectors.api_key_for_raw(raw) is None
+    assert selectors.api_key_for_raw("not-a-key") is None
+    assert row_by(ApiKey, key_hash=ApiKey.hash_key(raw), revoked_at=None) is None
+
+
+def test_a_read_that_could_match_many_rows_is_refused():
+    with pytest.raises(ValueError, match="unique column"):
+        row_by(Run, agent_id="echo")
+
+
+def test_scoped_gets_answer_not_found_outside_the_scope():
+    thread = services.thread_create(metadata={"resource_id": "acme"})
+    run = services.run_create(agent_id="echo", thread_id=thread.id, input={}, actor="t")
+
+    assert selectors.run_get(run.id, pinned_resource_id="acme", thread_id=thread.id).id == run.id
+    with pytest.raises(NotFound):
+        selectors.run_get(run.id, pinned_resource_id="globex")
+    with pytest.raises(NotFound):
+        selectors.run_get(run.id, thread_id=uuid.uuid4())
+    assert selectors.thread_get(thread.id, pinned_resource_id="acme").id == thread.id
+    with pytest.raises(NotFound):
+        selectors.thread_get(thread.id, pinned_resource_id="globex")
