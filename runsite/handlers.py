@@ -30,7 +30,7 @@ from django.core.exceptions import RequestAborted
 from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.db import DatabaseError, connection
-from django.urls import Resolver404, get_resolver, set_script_prefix
+from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_prefix
 
 from runs.api import streaming
 from runs.api.auth import api_key_auth
@@ -49,12 +49,37 @@ def _load_api_middleware(handler: base.BaseHandler, is_async: bool) -> None:
         settings.MIDDLEWARE = full
 
 
+# The URL match found on the event loop (to choose sync or async), kept in the ASGI scope so the
+# handler does not resolve the same path again on the thread.
+_MATCH = "runsite.resolver_match"
+_IS_ASYNC: dict[Any, bool] = {}
+
+
+def _resolve_once(handler: base.BaseHandler, request: Any) -> ResolverMatch:
+    path, match = getattr(request, "scope", {}).get(_MATCH, (None, None))
+    if match is None or path != request.path_info or hasattr(request, "urlconf"):
+        return base.BaseHandler.resolve_request(handler, request)
+    request.resolver_match = match
+    return match
+
+
+def _is_async(view: Any) -> bool:
+    # Views are module-level functions: one inspection each for the life of the process.
+    found = _IS_ASYNC.get(view)
+    if found is None:
+        found = _IS_ASYNC[view] = iscoroutinefunction(view)
+    return found
+
+
 class _SyncChain(base.BaseHandler):
     """The API middleware chain in synchronous mode, for views served in one hop."""
 
     def __init__(self) -> None:
         super().__init__()
         _load_api_middleware(self, is_async=False)
+
+    def resolve_request(self, request: Any) -> ResolverMatch:
+        return _resolve_once(self, request)
 
 
 class ApiHandler(ASGIHandler):
@@ -68,8 +93,11 @@ class ApiHandler(ASGIHandler):
     def load_middleware(self, is_async: bool = False) -> None:
         _load_api_middleware(self, is_async)
 
+    def resolve_request(self, request: Any) -> ResolverMatch:
+        return _resolve_once(self, request)
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        sync_view = self._is_sync_view(scope["path"])
+        sync_view = self._is_sync_view(scope)
         try:
             body_file = await self.read_body(receive)
         except RequestAborted:
@@ -137,12 +165,14 @@ class ApiHandler(ASGIHandler):
                         connection.close()  # back to the pool: the view runs on other threads
         return request, response
 
-    def _is_sync_view(self, path: str) -> bool:
+    def _is_sync_view(self, scope: dict[str, Any]) -> bool:
+        path = scope["path"]
         try:
             match = get_resolver().resolve(path)
         except Resolver404:
             return True  # the 404 answer is rendered synchronously
-        return not iscoroutinefunction(match.func)
+        scope[_MATCH] = (path, match)
+        return not _is_async(match.func)
 
     def _respond(self, scope: Any, body_file: Any) -> Any:
         """The request from `request_started` to `request_finished`, on one thread."""

@@ -85,6 +85,34 @@ async def test_errors_keep_their_answers_on_the_one_thread_path(key) -> None:
     assert no_key.status_code == 401
 
 
+async def test_each_request_resolves_its_url_once(key, drain, monkeypatch) -> None:
+    """The match that chose the sync or async path is the one the view is called with."""
+    from django.urls.resolvers import URLResolver
+
+    resolved: list[str] = []
+    resolve = URLResolver.resolve
+
+    def counting(self: URLResolver, path: str) -> Any:
+        if self.pattern.regex.pattern in ("^/", ""):  # the root resolver, not the includes
+            resolved.append(path)
+        return resolve(self, path)
+
+    def finished_run() -> tuple[str, str]:
+        thread = services.thread_create()
+        run = services.run_create(agent_id="echo", thread_id=thread.id, input={}, actor="t")
+        drain()
+        return str(thread.id), str(run.id)
+
+    thread_id, run_id = await sync_to_async(finished_run)()
+    monkeypatch.setattr(URLResolver, "resolve", counting)
+    async with client(key) as api:
+        got = await api.get(f"/api/threads/{thread_id}")  # a sync view
+        joined = await api.get(f"/api/threads/{thread_id}/runs/{run_id}/join")  # an async one
+    assert got.status_code == 200 and got.json()["thread_id"] == thread_id
+    assert joined.status_code == 200 and json.loads(joined.content)["output"] == {"echo": {}}
+    assert resolved == [f"/api/threads/{thread_id}", f"/api/threads/{thread_id}/runs/{run_id}/join"]
+
+
 async def test_requests_in_parallel_are_served_side_by_side(key) -> None:
     async with client(key) as api:
         responses = await asyncio.gather(*(api.post("/api/threads", json={}) for _ in range(12)))

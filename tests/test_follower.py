@@ -23,14 +23,18 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
     """Every read of a followed run's state, with the status it saw (the real read runs)."""
     seen: list[str | None] = []
-    real = selectors.run_stream_state
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        result = real(*args, **kwargs)
-        seen.append(result[0])
-        return result
+    def spying(real: Any) -> Any:
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            result = real(*args, **kwargs)
+            seen.append(result[0])
+            return result
 
-    monkeypatch.setattr(selectors, "run_stream_state", spy)
+        return spy
+
+    # A stream reads its events; a wait or join only the run's outcome.
+    for name in ("run_stream_state", "run_outcome"):
+        monkeypatch.setattr(selectors, name, spying(getattr(selectors, name)))
     # Only published changes drive reads here; the poll (the safety net for a lost message)
     # would read on its own schedule.
     monkeypatch.setattr(streaming, "POLL_SECONDS", 30.0)
@@ -94,6 +98,21 @@ async def test_join_reads_first_then_only_when_the_run_may_have_ended(reads, dra
     await sync_to_async(drain)()
     assert (await asyncio.wait_for(body, timeout=10))["output"] == {"echo": 7}
     assert reads == [RunStatus.PENDING, RunStatus.SUCCESS]
+
+
+async def test_a_join_of_a_run_that_ended_answers_from_the_read_it_was_given(
+    reads, drain
+) -> None:
+    live.bind_server_loop(asyncio.get_running_loop())
+    run = await sync_to_async(services.run_create)(agent_id="echo", input=3, actor="t")
+    await sync_to_async(drain)()
+    known = await sync_to_async(selectors.run_outcome)(run.id, thread_id=run.thread_id)
+    assert reads == [RunStatus.SUCCESS]
+
+    body = streaming.result_body(run.id, thread_id=run.thread_id, known=known)
+    assert (await asyncio.wait_for(body_of(body), timeout=5))["output"] == {"echo": 3}
+    assert reads == [RunStatus.SUCCESS]  # no second read, no waiting on the hub
+    assert hub().waiting() == 0
 
 
 async def test_a_stream_reads_on_every_change_for_its_events(reads, drain) -> None:

@@ -428,9 +428,12 @@ def _result_of(
     *,
     cancel_why: str | None,
     waiter: Waiter | None = None,
+    known: tuple[str | None, int, Any] | None = None,
 ) -> StreamingHttpResponse:
     guard, headers = _followed(request, caller, run, "join", cancel_why)
-    body = streaming.result_body(run.id, thread_id=run.thread_id, guard=guard, waiter=waiter)
+    body = streaming.result_body(
+        run.id, thread_id=run.thread_id, guard=guard, waiter=waiter, known=known
+    )
     return streaming.json_stream_response(body, headers)
 
 
@@ -597,10 +600,32 @@ async def join_run(
     request: HttpRequest, thread_id: UUID, run_id: UUID, cancel_on_disconnect: str | None = None
 ) -> StreamingHttpResponse:
     caller = caller_of(request)
-    run = await streaming.db(
-        selectors.run_get, run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
+    # Watched before the read: a change committed after it still wakes the join.
+    waiter = hub().watch(run_id)
+    try:
+        run, outcome = await streaming.db(_run_and_outcome, caller, thread_id, run_id)
+    except BaseException:
+        waiter.close()
+        raise
+    return _result_of(
+        request,
+        caller,
+        run,
+        cancel_why=_cancel_on_disconnect(cancel_on_disconnect),
+        waiter=waiter,
+        known=outcome,
     )
-    return _result_of(request, caller, run, cancel_why=_cancel_on_disconnect(cancel_on_disconnect))
+
+
+def _run_and_outcome(
+    caller: Caller, thread_id: UUID, run_id: UUID
+) -> tuple[Run, tuple[str | None, int, Any]]:
+    """The run (404 outside the caller's scope) and its outcome so far, in one database call:
+    a run that already stopped is answered without following it."""
+    run = selectors.run_get(
+        run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
+    )
+    return run, selectors.run_outcome(run.id, thread_id=run.thread_id)
 
 
 def _last_event_id(request: HttpRequest, run: Run) -> int:

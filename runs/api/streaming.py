@@ -92,10 +92,12 @@ HEARTBEAT = _Heartbeat()
 class RunFollower:
     """Yields a run's events after `after` (or heartbeats) until it stops or is deleted.
 
-    Without events (`with_events=False`: wait, join) only the run's end matters: a change
-    published as pending or running wakes the follower without a read of the database; any other
-    change, and every poll, reads it. `waiter` is one registered before the run was created (the
-    caller then knows its status, `known_status`, and the first read is skipped as well).
+    Without events (`with_events=False`: wait, join) only the run's end matters: `outcome`
+    reads (status, attempt, result) in one statement (`selectors.run_outcome`), and a change
+    published as pending or running wakes the follower without a read; any other change, and
+    every poll, reads it. `waiter` is one registered before the run was created (the caller then
+    knows its status, `known_status`, and the first read is skipped as well). `known` is an
+    outcome the caller has just read: a stopped one ends the follower without a read.
     """
 
     def __init__(
@@ -104,26 +106,31 @@ class RunFollower:
         *,
         after: int = 0,
         with_events: bool = True,
-        final: Callable[[], Any] | None = None,
+        outcome: Callable[[], tuple[str | None, int, Any]] | None = None,
         waiter: Waiter | None = None,
         known_status: str | None = None,
+        known: tuple[str | None, int, Any] | None = None,
     ):
         self.run_id = run_id
         self.after = after
-        self.with_events = with_events
-        # Read in the same database call as the stopped status (saves a round trip per run).
-        self.final = final
+        self.with_events = with_events and outcome is None
+        self.outcome = outcome
         self.result: Any = None
         self.status: str | None = known_status if waiter is not None else None
         self.attempt = 0
+        self._done = False
+        if known is not None:
+            self.status, self.attempt, self.result = known
+            self._done = self.status is None or self.status in STOPPED
         self._waiter = waiter
 
     async def __aenter__(self) -> RunFollower:
         # Registered with this process's hub before the first read, so a change committed
         # between the read and the wait still wakes us (no channel-layer call per request).
-        if self._waiter is None:
+        if self._waiter is None and not self._done:
             self._waiter = hub().watch(self.run_id)
-        await self._waiter.__aenter__()
+        if self._waiter is not None:
+            await self._waiter.__aenter__()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -131,14 +138,14 @@ class RunFollower:
             self._waiter.close()
 
     def _read(self, limit: int) -> tuple[str | None, int, list[RunEvent]]:
-        status, attempt, events = selectors.run_stream_state(
-            self.run_id, after=self.after, limit=limit
-        )
-        if self.final is not None and (status is None or status in STOPPED):
-            self.result = self.final()
-        return status, attempt, events
+        if self.outcome is not None:
+            status, attempt, self.result = self.outcome()
+            return status, attempt, []
+        return selectors.run_stream_state(self.run_id, after=self.after, limit=limit)
 
     async def items(self) -> AsyncIterator[RunEvent | _Heartbeat]:
+        if self._done:
+            return
         assert self._waiter is not None, "use the follower as `async with`"
         waiter = self._waiter
         limit = 200 if self.with_events else 0
@@ -391,18 +398,20 @@ async def result_body(
     thread_id: UUID | None,
     guard: DisconnectGuard | None = None,
     waiter: Waiter | None = None,
+    known: tuple[str | None, int, Any] | None = None,
 ) -> AsyncIterator[bytes]:
     """`\\n` keep-alives while the run is going, then one JSON value (LangGraph /wait body).
 
-    `waiter`: registered before the run was created, which left it pending."""
+    `waiter`: registered before the run was created, which left it pending. `known`: the run's
+    outcome as just read (`selectors.run_outcome`); a stopped run is answered from it."""
     completed = False
     try:
         follower = RunFollower(
             run_id,
-            with_events=False,
-            final=lambda: selectors.run_result(run_id, thread_id=thread_id),
+            outcome=lambda: selectors.run_outcome(run_id, thread_id=thread_id),
             waiter=waiter,
             known_status=RunStatus.PENDING,
+            known=known,
         )
         async with follower:
             async for _item in follower.items():

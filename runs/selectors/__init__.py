@@ -12,15 +12,11 @@ from django.conf import settings
 from django.db import connections
 from django.db.models import (
     Exists,
-    F,
-    JSONField,
     OuterRef,
     Prefetch,
     Q,
     QuerySet,
-    Subquery,
 )
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from runs.exceptions import NotFound, ValidationFailed
@@ -36,6 +32,10 @@ from runs.models import (
     ToolCall,
 )
 from runs.selectors import reviews
+from runs.selectors.results import interrupts_of as interrupts_of
+from runs.selectors.results import run_outcome as run_outcome
+from runs.selectors.results import run_result as run_result
+from runs.selectors.results import threads_interrupts as threads_interrupts
 from runs.selectors.rows import row_by
 
 # The tenant scope (runs/selectors/scope.py), re-exported: `selectors.visible_runs(user)`.
@@ -865,92 +865,6 @@ def run_stream_state(
         return row[0], row[1], []
     events = list(RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[:limit])
     return row[0], row[1], events
-
-
-def interrupts_of(tool_calls: list[ToolCall]) -> list[dict[str, Any]]:
-    """LangGraph interrupts ({"id", "value"}) for waiting tool calls."""
-    from runs.contracts import interrupt_of as _interrupt_of
-    from runs.engine.registry import all_agents, tool_description
-    from runs.graphs.loader import is_graph_agent
-
-    agents = all_agents()
-
-    return [
-        # A LangGraph graph's interrupt is shown as the graph gave it (runs/graphs).
-        {"id": tc.tool_call_id, "value": tc.suspend_payload}
-        if is_graph_agent(agents.get(tc.run.agent_id))
-        else _interrupt_of(
-            {
-                "tool_call_id": tc.tool_call_id,
-                "status": tc.status,
-                "tool_name": tc.tool_name,
-                "args": tc.args,
-                "suspend_payload": tc.suspend_payload,
-                "resume_schema": tc.resume_schema,
-                "description": tool_description(tc.run.agent_id, tc.tool_name),
-            }
-        )
-        for tc in tool_calls
-    ]
-
-
-def threads_interrupts(thread_ids: list[UUID]) -> dict[UUID, dict[str, list[dict[str, Any]]]]:
-    """{thread_id: {run_id: [interrupt, …]}} for threads whose top-level run is suspended."""
-    by_thread: dict[UUID, dict[str, list[ToolCall]]] = {}
-    calls = ToolCall.objects.filter(
-        run__thread_id__in=thread_ids,
-        run__status=RunStatus.SUSPENDED,
-        run__parent_run__isnull=True,
-        status__in=PENDING_DECISION_STATUSES,
-    ).select_related("run")
-    for tc in calls.order_by("created_at", "id"):
-        if tc.run.thread_id is None:  # excluded by the filter; narrows the type
-            continue
-        by_thread.setdefault(tc.run.thread_id, {}).setdefault(str(tc.run_id), []).append(tc)
-    return {
-        tid: {rid: interrupts_of(tcs) for rid, tcs in runs.items()}
-        for tid, runs in by_thread.items()
-    }
-
-
-def run_result(run_id: UUID, *, thread_id: UUID | None = None) -> Any:
-    """The value LangGraph's /wait and /join end with, for a run that stopped.
-
-    Suspended: {"__interrupt__": [...]}; error/timeout: {"__error__": {...}}; otherwise the last
-    state values of the run (a rolled-back run: the thread's reverted values).
-    """
-    # One query for the common case (a run that ended): its status, error, and the values
-    # of its latest checkpoint, else its thread's (chosen in SQL: one value decoded, not two;
-    # a checkpoint's values are never SQL NULL).
-    latest = Checkpoint.objects.filter(run_id=OuterRef("id")).order_by("-created_at", "-id")
-    row = (
-        Run.objects.filter(id=run_id)
-        .annotate(
-            result_values=Coalesce(
-                Subquery(latest.values("values")[:1]),
-                F("thread__values"),
-                output_field=JSONField(),
-            )
-        )
-        .values_list("status", "error", "result_values")
-        .first()
-    )
-    if row is None:
-        values = None
-        if thread_id is not None:
-            values = Thread.objects.filter(id=thread_id).values_list("values", flat=True).first()
-        return values or {}
-    status, error, result_values = row
-    if status == RunStatus.SUSPENDED:
-        waiting = list(
-            ToolCall.objects.filter(run_id=run_id, status__in=PENDING_DECISION_STATUSES).order_by(
-                "created_at", "id"
-            )
-        )
-        return {"__interrupt__": interrupts_of(waiting)}
-    if status in (RunStatus.ERROR, RunStatus.TIMEOUT):
-        return {"__error__": error or {"error": "Error", "message": f"run ended {status}"}}
-    return result_values or {}
 
 
 def thread_checkpoint(thread: Thread, checkpoint_id: UUID) -> Checkpoint:

@@ -13,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connections, router
 from django.db.models import Field, Model
 from django.db.models.options import Options
+
+M = TypeVar("M", bound=Model)
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ def _statement(
     )
 
 
-def row_by[M: Model](model: type[M], **equal: Any) -> M | None:
+def row_by(model: type[M], **equal: Any) -> M | None:  # noqa: UP047 - checks on Python 3.11 parse this file
     """`model.objects.filter(**equal).first()` for equality on concrete columns (None: IS NULL).
 
     One of the columns must be the primary key or unique: it reads at most one row. The lookups
