@@ -100,9 +100,7 @@ async def test_join_reads_first_then_only_when_the_run_may_have_ended(reads, dra
     assert reads == [RunStatus.PENDING, RunStatus.SUCCESS]
 
 
-async def test_a_join_of_a_run_that_ended_answers_from_the_read_it_was_given(
-    reads, drain
-) -> None:
+async def test_a_join_of_a_run_that_ended_answers_from_the_read_it_was_given(reads, drain) -> None:
     live.bind_server_loop(asyncio.get_running_loop())
     run = await sync_to_async(services.run_create)(agent_id="echo", input=3, actor="t")
     await sync_to_async(drain)()
