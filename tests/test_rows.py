@@ -1,4 +1,4 @@
-"""`selectors.rows.row_by`: the same instance a QuerySet reads, on either database."""
+"""`runs.rows`: the same instances a QuerySet reads, on either database."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.db.models import Model
 from runs import selectors, services
 from runs.exceptions import NotFound
 from runs.models import ApiKey, Run, Thread
-from runs.selectors.rows import row_by
+from runs.rows import instances, row_by
 
 pytestmark = pytest.mark.django_db
 
@@ -82,3 +82,29 @@ def test_scoped_gets_answer_not_found_outside_the_scope():
     assert selectors.thread_get(thread.id, pinned_resource_id="acme").id == thread.id
     with pytest.raises(NotFound):
         selectors.thread_get(thread.id, pinned_resource_id="globex")
+
+
+def test_instances_of_a_written_statement_read_as_the_orm_reads_them(drain):
+    thread = services.thread_create(metadata={"resource_id": "acme"})
+    run = services.run_create(
+        agent_id="refund", thread_id=thread.id, input={"order_id": "O-7", "amount": 3}, actor="t"
+    )
+    drain()
+    table = Run._meta.db_table
+    columns = [f.column for f in Run._meta.concrete_fields]
+    # The model's columns in reverse order, and one more that is not a column of the model.
+    listed = ", ".join(f"r.{c}" for c in reversed(columns))
+    sql = f"SELECT 7 AS extra, {listed} FROM {table} r WHERE r.agent_id = %s"
+
+    [got] = instances(Run, sql, ["refund"])
+
+    assert _columns(got) == _columns(Run.objects.get(id=run.id))
+    assert got.input == {"order_id": "O-7", "amount": 3}
+    assert got.extra == 7
+    assert instances(Run, sql, ["nobody"]) == []
+
+
+def test_instances_refuse_a_statement_that_lacks_a_column_of_the_model():
+    services.run_create(agent_id="echo", thread_id=None, input={}, actor="t")
+    with pytest.raises(ValueError, match="lacks columns"):
+        instances(Run, f"SELECT id, status FROM {Run._meta.db_table}")

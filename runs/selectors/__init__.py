@@ -31,12 +31,12 @@ from runs.models import (
     ThreadStatus,
     ToolCall,
 )
+from runs.rows import row_by
 from runs.selectors import reviews
 from runs.selectors.results import interrupts_of as interrupts_of
 from runs.selectors.results import run_outcome as run_outcome
 from runs.selectors.results import run_result as run_result
 from runs.selectors.results import threads_interrupts as threads_interrupts
-from runs.selectors.rows import row_by
 
 # The tenant scope (runs/selectors/scope.py), re-exported: `selectors.visible_runs(user)`.
 from runs.selectors.scope import (

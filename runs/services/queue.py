@@ -21,6 +21,7 @@ from runs.models import (
     RunStatus,
     Thread,
 )
+from runs.rows import instances
 from runs.services.cancel import _apply_cancel
 from runs.services.core import (
     LEASE_CLEARED,
@@ -106,7 +107,7 @@ def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
     for _ in range(5):
         try:
             if _is_postgres():
-                runs = list(Run.objects.raw(_CLAIM_SQL_POSTGRES, params))
+                runs = instances(Run, _CLAIM_SQL_POSTGRES, params)
                 for run in runs:
                     if isinstance(run.base_values, str):
                         run.base_values = json.loads(run.base_values)

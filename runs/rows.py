@@ -1,11 +1,14 @@
-"""One row by equality on a few columns, read without building a QuerySet.
+"""Model instances read without building a QuerySet: one row by equality on a few columns
+(`row_by`), or the rows of a statement written out (`instances`).
 
 `Model.objects.filter(a=x, b=y).first()` compiles its SQL on every call: ~0.35-0.6 ms of CPU
 for a one-row read that PostgreSQL answers in ~0.1 ms. The reads every API request makes (its
 key, the run or thread it names) are all of that shape, so `row_by` builds the statement and the
 column converters once per (model, columns, database vendor) and then only executes it. The
 model instance it returns is the ORM's own (`Model.from_db`), with every column loaded and
-converted exactly as a QuerySet would (JSON, dates, UUIDs on SQLite).
+converted exactly as a QuerySet would (JSON, dates, UUIDs on SQLite). `instances` does for a
+hand-written statement what `Model.objects.raw()` does, with its column mapping and converters
+worked out once per statement shape instead of on every call.
 """
 
 from __future__ import annotations
@@ -22,12 +25,16 @@ from django.db.models.options import Options
 M = TypeVar("M", bound=Model)
 
 
+# (position in the row, the column's converters, the column expression they are given)
+_Converters = tuple[int, tuple[Callable[..., Any], ...], Any]
+
+
 @dataclass(frozen=True)
 class _Statement:
     sql: str
     lookups: tuple[tuple[str, Field], ...]
     columns: tuple[str, ...]
-    converters: tuple[tuple[int, tuple[Callable[..., Any], ...], Any], ...]
+    converters: tuple[_Converters, ...]
 
 
 @cache
@@ -84,13 +91,19 @@ def row_by(model: type[M], **equal: Any) -> M | None:  # noqa: UP047 - checks on
         row = cursor.fetchone()
     if row is None:
         return None
+    values = _converted(row, statement.converters, connection)
+    return model.from_db(alias, list(statement.columns), values)
+
+
+def _converted(row: Any, converters: tuple[_Converters, ...], connection: Any) -> list[Any]:
+    """The row's values as the ORM hands them over (its compiler's `apply_converters`)."""
     values = list(row)
-    for index, converters, col in statement.converters:
+    for index, functions, col in converters:
         value = values[index]
-        for convert in converters:
+        for convert in functions:
             value = convert(value, col, connection)
         values[index] = value
-    return model.from_db(alias, list(statement.columns), values)
+    return values
 
 
 def _column(meta: Options[Any], name: str) -> tuple[Field, str]:
@@ -104,3 +117,58 @@ def _value_of(value: Any, field: Field) -> Any:
     if isinstance(value, Model) and field.is_relation:
         return value.pk
     return value
+
+
+@dataclass(frozen=True)
+class _Mapping:
+    model_columns: tuple[int, ...]  # positions of the model's columns in the row, in order
+    attnames: tuple[str, ...]
+    extras: tuple[tuple[int, str], ...]  # (position, name) of the other columns
+    converters: tuple[_Converters, ...]
+
+
+@cache
+def _mapping(model: type[Model], names: tuple[str, ...], alias: str) -> _Mapping:
+    meta = model._meta
+    connection = connections[alias]
+    index_of = {name: index for index, name in enumerate(names)}
+    fields = meta.concrete_fields
+    missing = [f.name for f in fields if _column(meta, f.name)[1] not in index_of]
+    if missing:
+        raise ValueError(f"instances({model.__name__}): the statement lacks columns {missing}")
+    # In the model's field order, whatever the statement's (a table's `*` lists columns in the
+    # order migrations added them).
+    positions = tuple(index_of[_column(meta, f.name)[1]] for f in fields)
+    converters = []
+    for index, field in zip(positions, fields, strict=True):
+        col = field.get_col(meta.db_table)
+        found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+        if found:
+            converters.append((index, tuple(found), col))
+    extras = tuple((i, name) for i, name in enumerate(names) if i not in set(positions))
+    return _Mapping(positions, tuple(f.attname for f in fields), extras, tuple(converters))
+
+
+def instances(model: type[M], sql: str, params: Any = None) -> list[M]:  # noqa: UP047
+    """The model's instances for the rows of `sql`, which selects every column of the model
+    (by its column names) and may select more: those become attributes of the instances, as
+    they do with `raw()`, unconverted."""
+    alias = router.db_for_write(model)
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+        names = tuple(column[0] for column in cursor.description or ())
+    if not rows:
+        return []
+    mapping = _mapping(model, names, alias)
+    found = []
+    for row in rows:
+        values = _converted(row, mapping.converters, connection)
+        instance = model.from_db(
+            alias, list(mapping.attnames), [values[i] for i in mapping.model_columns]
+        )
+        for index, name in mapping.extras:
+            setattr(instance, name, values[index])
+        found.append(instance)
+    return found
