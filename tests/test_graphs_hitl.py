@@ -275,7 +275,7 @@ def test_deleting_a_resumed_graph_run_reverts_the_thread(drain: Any) -> None:
     assert state["next"] == []
 
 
-def test_a_lost_worker_resumes_from_the_last_super_step(drain: Any) -> None:
+def test_a_lost_worker_resumes_from_the_last_super_step(drain: Any, caplog: Any) -> None:
     run = start("slow", {"steps": 6, "delay_ms": 30})
     control = RunControl()
     t, out = _run_in_thread(control)
@@ -283,6 +283,8 @@ def test_a_lost_worker_resumes_from_the_last_super_step(drain: Any) -> None:
     control.mark_lost()  # the worker died: its lease is gone, nothing more is written
     t.join(5)
     assert out["status"] == "lost"
+    # Said in the worker's log, as when a fenced write finds it out.
+    assert f"lease lost run={run.id}" in caplog.text
     Run.objects.filter(id=run.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     services.runs_reap()
     run.refresh_from_db()

@@ -167,6 +167,12 @@ def _safely(fn: Any) -> str:
 
 def _stopped(lease: services.Lease, reason: str, control: RunControl) -> str:
     if reason == "lost":
+        # The heartbeat found the run held by another attempt (or gone): logged as a fenced
+        # write that found it out is (a worker that was paused past its lease says so).
+        metrics.LEASE_LOSSES.inc()
+        logger.warning(
+            "lease lost run=%s attempt=%s; stopping without writing", lease.run_id, lease.attempt
+        )
         return "lost"
     if reason == "release":
         return "released" if _safely(lambda: services.run_release(lease=lease)) else "lost"
