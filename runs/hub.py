@@ -135,7 +135,8 @@ class Hub:
                 await asyncio.sleep(0.5)
                 continue
             if message is not None:
-                self._wake(message)
+                for change in live.changes_in(message):
+                    self._wake(change)
             if loop.time() >= rejoin_at:
                 rejoin_at = loop.time() + REJOIN_SECONDS
                 with contextlib.suppress(Exception):

@@ -49,6 +49,38 @@ class RunChange:
         return {"type": "run.changed", **asdict(self), "published_at": time.time()}
 
 
+CHANGES = "run.changes"
+
+
+def batch_message(changes: list[RunChange]) -> dict[str, Any]:
+    """One message for changes published together (a bulk cancel, a busy loop turn): one
+    channel-layer send and one receive per process instead of one per run."""
+    if len(changes) == 1:
+        return changes[0].message()
+    return {"type": CHANGES, "changes": [c.message() for c in changes]}
+
+
+def changes_in(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The `run.changed` messages a published message carries (one, or a batch's)."""
+    if message.get("type") == CHANGES:
+        return list(message.get("changes") or ())
+    return [message]
+
+
+def coalesced(changes: list[RunChange]) -> list[RunChange]:
+    """The newest change of each run, in the order the runs first appear (a deletion wins:
+    nothing newer can follow it)."""
+    latest: dict[str, RunChange] = {}
+    for change in changes:
+        previous = latest.get(change.run_id)
+        newer = change.seq >= previous.seq if previous is not None else True
+        if previous is None or (
+            previous.status != "deleted" and (newer or change.status == "deleted")
+        ):
+            latest[change.run_id] = change
+    return list(latest.values())
+
+
 def groups_of(message: dict[str, Any]) -> list[str]:
     """The groups a published change concerns: every list, its run, its thread, its parent."""
     groups = [RUNS_GROUP, run_group(message.get("run_id"))]
@@ -93,10 +125,11 @@ class _Publisher:
             change = self._queue.get()
             if change is None:
                 break
-            # Under load several changes of one run queue up (claimed, then finished a few
-            # milliseconds later): only the newest matters to subscribers, who read the
-            # database anyway. Coalesce what is already queued; never wait to coalesce.
-            latest: dict[str, RunChange] = {change.run_id: change}
+            # Under load several changes queue up (a run claimed, then finished a few
+            # milliseconds later; many runs at once): only each run's newest matters to
+            # subscribers, who read the database anyway, and they go out as one message.
+            # Never wait to coalesce: only what is already queued.
+            changes = [change]
             while True:
                 try:
                     more = self._queue.get_nowait()
@@ -104,10 +137,8 @@ class _Publisher:
                     break
                 if more is None:
                     break
-                previous = latest.get(more.run_id)
-                if previous is None or more.seq >= previous.seq or more.status == "deleted":
-                    latest[more.run_id] = more
-            loop.run_until_complete(asyncio.gather(*(_send(c) for c in latest.values())))
+                changes.append(more)
+            loop.run_until_complete(_send(coalesced(changes)))
 
     def flush(self, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
@@ -118,16 +149,38 @@ class _Publisher:
 _publisher = _Publisher()
 
 
-async def _send(change: RunChange) -> None:
+async def _send(changes: list[RunChange]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     # One message to the one group every process's hub listens to (runs/hub.py); the hub
     # derives `run.<id>`, `thread.<id>` and the parent's group for its local subscribers.
     try:
-        await layer.group_send(RUNS_GROUP, change.message())
+        await layer.group_send(RUNS_GROUP, batch_message(changes))
     except Exception:
-        logger.warning("live: publishing %s failed", change.run_id, exc_info=True)
+        logger.warning(
+            "live: publishing %s failed", ", ".join(c.run_id for c in changes), exc_info=True
+        )
+
+
+class _LoopBatch:
+    """Changes published on the server's event loop within one turn of it (the changes of one
+    transaction, the requests served in that turn) leave as one message on the next turn."""
+
+    def __init__(self) -> None:
+        self.pending: list[RunChange] = []
+
+    def add(self, loop: asyncio.AbstractEventLoop, change: RunChange) -> None:
+        if not self.pending:
+            loop.create_task(self._flush())
+        self.pending.append(change)
+
+    async def _flush(self) -> None:
+        changes, self.pending = self.pending, []
+        await _send(coalesced(changes))
+
+
+_loop_batch = _LoopBatch()
 
 
 def publish(change: RunChange) -> None:
@@ -138,9 +191,9 @@ def publish(change: RunChange) -> None:
         except RuntimeError:
             running = None
         if running is loop:
-            loop.create_task(_send(change))
+            _loop_batch.add(loop, change)
         else:
-            asyncio.run_coroutine_threadsafe(_send(change), loop)
+            loop.call_soon_threadsafe(_loop_batch.add, loop, change)
         return
     _publisher.submit(change)
 

@@ -30,7 +30,7 @@ def change(run_id: str, parent: str | None = None) -> live.RunChange:
 async def test_a_published_change_wakes_only_the_waiters_of_that_run() -> None:
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
     async with hub().watch(a) as woken_a, hub().watch(b) as woken_b:
-        await live._send(change(a))
+        await live._send([change(a)])
         await asyncio.wait_for(woken_a.event.wait(), timeout=2)
         assert not woken_b.event.is_set()
 
@@ -38,7 +38,7 @@ async def test_a_published_change_wakes_only_the_waiters_of_that_run() -> None:
 async def test_a_sub_agent_change_wakes_its_parent_waiters() -> None:
     parent, child = str(uuid.uuid4()), str(uuid.uuid4())
     async with hub().watch(parent) as woken:
-        await live._send(change(child, parent=parent))
+        await live._send([change(child, parent=parent)])
         await asyncio.wait_for(woken.event.wait(), timeout=2)
 
 
@@ -51,7 +51,7 @@ async def test_waiters_share_one_subscription_per_loop() -> None:
         if hasattr(layer, "groups"):  # the in-memory layer shows its members
             members = len(layer.groups.get(live.RUNS_GROUP, {}))
             assert members - groups_before <= 1
-        await live._send(change(ids[7]))
+        await live._send([change(ids[7])])
         await asyncio.wait_for(events[7].event.wait(), timeout=2)
     assert hub().waiting() == 0
 
@@ -74,7 +74,7 @@ async def test_it_works_over_redis_too(settings) -> None:
     # CI runs the suite twice: with REDIS_URL this is the pub/sub layer across processes.
     a = str(uuid.uuid4())
     async with hub().watch(a) as woken:
-        await live._send(change(a))
+        await live._send([change(a)])
         await asyncio.wait_for(woken.event.wait(), timeout=2)
 
 
@@ -82,16 +82,16 @@ async def test_a_waiter_hears_whether_a_change_may_have_ended_its_run() -> None:
     run_id = str(uuid.uuid4())
     async with hub().watch(run_id) as waiter:
         for status in ("pending", "running"):
-            await live._send(replace(change(run_id), status=status))
+            await live._send([replace(change(run_id), status=status)])
             await asyncio.wait_for(waiter.event.wait(), timeout=2)
             assert not waiter.may_have_stopped, status
             waiter.clear()
-        await live._send(replace(change(run_id), status="suspended"))
+        await live._send([replace(change(run_id), status="suspended")])
         await asyncio.wait_for(waiter.event.wait(), timeout=2)
         assert waiter.may_have_stopped
         waiter.clear()
         assert not waiter.event.is_set() and not waiter.may_have_stopped
-        await live._send(replace(change(run_id), status="deleted"))
+        await live._send([replace(change(run_id), status="deleted")])
         await asyncio.wait_for(waiter.event.wait(), timeout=2)
         assert waiter.may_have_stopped
 
@@ -104,7 +104,7 @@ async def test_a_waiter_registered_before_its_run_exists_is_woken_and_a_dropped_
     before = hub().waiting()
     waiter = hub().watch(run_id)  # registered at once, before anything is published
     assert hub().waiting() == before + 1
-    await live._send(change(run_id))
+    await live._send([change(run_id)])
     await asyncio.wait_for(waiter.event.wait(), timeout=2)
     # A response body that never started drops its waiter unclosed: it must not stay behind.
     del waiter
@@ -132,3 +132,52 @@ async def test_a_waiter_closed_off_the_loop_is_unregistered_on_the_loop(monkeypa
     await asyncio.sleep(0)
     assert h.waiting() == before
     assert threads == [threading.get_ident()]
+
+
+async def test_changes_published_in_one_turn_of_the_loop_leave_as_one_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bulk cancel of ten runs: one channel-layer send, every waiter woken, and a socket
+    listening to the runs list hears each run's change on its own."""
+    layer = get_channel_layer()
+    sent: list[dict[str, Any]] = []
+    real_send = layer.group_send
+
+    async def counting(group: str, message: dict[str, Any]) -> None:
+        sent.append(message)
+        await real_send(group, message)
+
+    monkeypatch.setattr(layer, "group_send", counting)
+    live.bind_server_loop(asyncio.get_running_loop())
+    ids = [str(uuid.uuid4()) for _ in range(10)]
+    heard: list[str] = []
+    listener = lambda message: heard.append(message["run_id"])  # noqa: E731
+    await hub().start()
+    hub().listen(live.RUNS_GROUP, listener)
+    try:
+        async with watching_all(ids) as events:
+            for run_id in ids:
+                live.publish(change(run_id))
+            live.publish(replace(change(ids[0]), seq=2, status="success"))
+            await asyncio.wait_for(asyncio.gather(*(e.event.wait() for e in events)), timeout=2)
+            assert all(e.may_have_stopped is (i == 0) for i, e in enumerate(events))
+    finally:
+        hub().unlisten(live.RUNS_GROUP, listener)
+    assert len(sent) == 1 and sent[0]["type"] == live.CHANGES
+    assert sorted(heard) == sorted(ids)  # each run once: its newest change
+
+
+def test_a_batch_keeps_each_runs_newest_change_and_a_deletion_wins() -> None:
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    first = replace(change(a), seq=3)
+    older = replace(change(a), seq=2, status="pending")
+    deleted = replace(change(b), seq=5, status="deleted")
+    late = replace(change(b), seq=9)
+
+    kept = live.coalesced([first, replace(change(b), seq=4), older, deleted, late])
+
+    assert kept == [first, deleted]
+    single = live.batch_message([first])  # one change: the plain message
+    assert single["type"] == "run.changed" and live.changes_in(single) == [single]
+    batch = live.batch_message(kept)
+    assert [m["run_id"] for m in live.changes_in(batch)] == [a, b]
