@@ -27,18 +27,13 @@ from runs.exceptions import RunsError, ValidationFailed
 from runs.graphs.streams import frames as graph_frames
 from runs.hub import Waiter, hub
 from runs.models import RunEvent, RunStatus
+from runs.selectors import results
 
 logger = logging.getLogger("runs.api")
 
 HEARTBEAT_SECONDS = 5.0
 POLL_SECONDS = 0.5
-STOPPED = {
-    RunStatus.SUCCESS,
-    RunStatus.ERROR,
-    RunStatus.TIMEOUT,
-    RunStatus.INTERRUPTED,
-    RunStatus.SUSPENDED,
-}
+STOPPED = frozenset(results.STOPPED)
 STREAM_MODES = (
     "values",
     "updates",

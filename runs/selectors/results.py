@@ -9,16 +9,11 @@ from uuid import UUID
 
 from django.db import connections, router
 
-from runs.models import PENDING_DECISION_STATUSES, Run, RunStatus, ToolCall
+from runs.models import PENDING_DECISION_STATUSES, TERMINAL_STATUSES, Run, RunStatus, ToolCall
 
-# A run in one of these has an outcome; a pending or running one has none yet.
-STOPPED = (
-    RunStatus.SUCCESS,
-    RunStatus.ERROR,
-    RunStatus.TIMEOUT,
-    RunStatus.INTERRUPTED,
-    RunStatus.SUSPENDED,
-)
+# A run in one of these has an outcome (a wait or join ends); a pending or running one has none
+# yet. Followers of a run's events stop on these too (runs/api/streaming.py).
+STOPPED = (*TERMINAL_STATUSES, RunStatus.SUSPENDED)
 _FAILED = (RunStatus.ERROR, RunStatus.TIMEOUT)
 
 
