@@ -15,8 +15,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-if typing.TYPE_CHECKING:  # (not `from typing import TYPE_CHECKING`: no upper-case setting)
-    import psycopg
+from runsite.dbpool import check_pooled_connection
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -205,12 +204,6 @@ if _db.get("ENGINE") not in ("django.db.backends.postgresql", "django.db.backend
     raise ImproperlyConfigured("DATABASE_URL must be a postgres:// or sqlite:// URL")
 
 
-def _pool_check(conn: psycopg.Connection[typing.Any]) -> None:
-    from psycopg_pool import ConnectionPool
-
-    ConnectionPool.check_connection(conn)
-
-
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db["OPTIONS"] = {
         # WAL lets the dashboard read while the embedded worker writes; IMMEDIATE makes writers
@@ -230,8 +223,9 @@ else:
             "max_size": env_int("DATABASE_POOL_MAX", 10, minimum=1),
             "timeout": env_float("DATABASE_POOL_TIMEOUT", 10.0, minimum=0.1),
             # Test a connection before handing it out: after a database restart or
-            # pg_terminate_backend, requests get a fresh connection instead of an error.
-            "check": _pool_check,
+            # pg_terminate_backend, requests get a fresh connection instead of an error. The
+            # test asks the server only when the socket shows it said something (runsite/dbpool).
+            "check": check_pooled_connection,
         }
     _db.setdefault("OPTIONS", {})["connect_timeout"] = env_int("DATABASE_CONNECT_TIMEOUT", 5)
     # A process frozen inside a transaction (SIGSTOP, a debugger, a stuck host) would hold its

@@ -96,6 +96,26 @@ def test_it_does_not_claim_a_run_before_after_seconds() -> None:
     assert services.run_claim(owner="w1") == []
 
 
+@pytest.mark.postgres
+def test_an_empty_queue_is_answered_by_one_read_without_the_claims_update() -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    thread = make_thread()
+    services.run_create(agent_id="echo", thread_id=None, input=1, after_seconds=60, actor="t")
+    services.run_create(agent_id="echo", thread_id=thread.id, input=2, actor="t")
+    claim_one()
+    with CaptureQueriesContext(connection) as queries:
+        assert services.run_claim(owner="w2", limit=5) == []  # one not due, none pending
+    assert len(queries) == 1, [q["sql"] for q in queries]
+    assert queries[0]["sql"].lstrip().startswith("SELECT 1 FROM runs_run")
+    # a due run behind a running one on its thread: the read says "maybe", the claim says no
+    services.run_create(agent_id="echo", thread_id=thread.id, input=3, actor="t")
+    with CaptureQueriesContext(connection) as queries:
+        assert services.run_claim(owner="w2", limit=5) == []
+    assert len(queries) == 2
+
+
 # --- running → suspended → pending → success (same run id) -----------------------------------
 
 

@@ -309,10 +309,13 @@ class Worker:
                 except Exception:
                     logger.exception("worker loop error; retrying shortly")
                     close_old_connections()
-                    got = 0
+                    got = False
                     self._stopping.wait(1.0)
                 if got:
-                    continue  # there may be more queued work: claim again before sleeping
+                    # Every free slot filled: more may be queued, so claim again before sleeping.
+                    # A claim that filled fewer saw every claimable run; what is queued later
+                    # notifies (and a run's end sets the wake-up), so it would claim nothing.
+                    continue
                 timeout = min(self.poll_seconds, max(0.0, next_heartbeat - time.monotonic()))
                 self._wake.wait(timeout)
         finally:
@@ -328,10 +331,11 @@ class Worker:
         with self._lock:
             return self.concurrency - len(self._active)
 
-    def _claim(self) -> int:
+    def _claim(self) -> bool:
+        """Claim up to the free slots; True when it filled them all (more may be waiting)."""
         free = self._free_slots()
         if free <= 0:
-            return 0
+            return False
         claimed = services.run_claim(owner=self.owner, limit=free)
         for c in claimed:
             control = RunControl()
@@ -340,7 +344,7 @@ class Worker:
                 self._active[c.lease.run_id] = active
             active.future = self._pool.submit(self._execute, c, control)
         self.claimed_total += len(claimed)
-        return len(claimed)
+        return len(claimed) == free
 
     def _execute(self, claimed: services.ClaimedRun, control: RunControl) -> str:
         try:

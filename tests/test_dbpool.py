@@ -1,0 +1,102 @@
+"""runsite/dbpool.py: the pool lends a healthy connection without a round trip, and never lends
+one the server has closed."""
+
+from __future__ import annotations
+
+import select
+import time
+import uuid
+
+import psycopg
+import pytest
+from django.db import connection
+
+from runsite.dbpool import check_pooled_connection
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+def _conninfo() -> dict:
+    params = connection.settings_dict
+    info = {
+        "dbname": params["NAME"],
+        "user": params.get("USER") or None,
+        "password": params.get("PASSWORD") or None,
+        "host": params.get("HOST") or None,
+        "port": params.get("PORT") or None,
+    }
+    return {k: v for k, v in info.items() if v}
+
+
+def _last_query(pid: int) -> str:
+    with psycopg.connect(autocommit=True, **_conninfo()) as other:
+        return other.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()[
+            0
+        ]
+
+
+def _terminate(pid: int, conn: psycopg.Connection) -> None:
+    with psycopg.connect(autocommit=True, **_conninfo()) as other:
+        assert other.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    deadline = time.monotonic() + 5
+    while not poller.poll(50) and time.monotonic() < deadline:
+        pass  # the server's goodbye reaches the socket a moment later
+
+
+def test_it_lends_a_healthy_idle_connection_without_asking_the_server() -> None:
+    marker = f"SELECT 'marker-{uuid.uuid4().hex}'"
+    with psycopg.connect(autocommit=True, **_conninfo()) as conn:
+        conn.execute(marker)
+        check_pooled_connection(conn)
+        # psycopg_pool's own check would have sent an empty query, the backend's last one.
+        assert _last_query(conn.info.backend_pid) == marker
+
+
+def test_it_asks_the_server_when_something_waits_on_the_socket() -> None:
+    with psycopg.connect(autocommit=True, **_conninfo()) as conn:
+        conn.execute("LISTEN runsite_dbpool_test")
+        with psycopg.connect(autocommit=True, **_conninfo()) as other:
+            other.execute("NOTIFY runsite_dbpool_test")
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        assert poller.poll(5000)
+        check_pooled_connection(conn)  # a healthy connection: the round trip passes
+        assert _last_query(conn.info.backend_pid) == ""
+
+
+def test_it_refuses_a_connection_left_inside_a_transaction() -> None:
+    with psycopg.connect(**_conninfo()) as conn:  # not autocommit: a transaction is open
+        conn.execute("SELECT 1")
+        with pytest.raises(psycopg.ProgrammingError):  # as psycopg_pool's own check
+            check_pooled_connection(conn)
+
+
+def test_it_refuses_a_connection_the_server_terminated() -> None:
+    with psycopg.connect(autocommit=True, **_conninfo()) as conn:
+        conn.execute("SELECT 1")
+        _terminate(conn.info.backend_pid, conn)
+        with pytest.raises(psycopg.OperationalError):
+            check_pooled_connection(conn)
+
+
+def test_it_refuses_a_closed_connection() -> None:
+    conn = psycopg.connect(autocommit=True, **_conninfo())
+    conn.close()
+    with pytest.raises(psycopg.OperationalError):
+        check_pooled_connection(conn)
+
+
+def test_a_request_after_its_pooled_connection_was_terminated_gets_a_fresh_one() -> None:
+    if "pool" not in connection.settings_dict.get("OPTIONS", {}):
+        pytest.skip("DATABASE_POOL is off")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    raw = connection.connection
+    connection.close()  # back to the pool
+    _terminate(pid, raw)
+    with connection.cursor() as cursor:  # the pool's check replaces it: no error here
+        cursor.execute("SELECT pg_backend_pid()")
+        assert cursor.fetchone()[0] != pid

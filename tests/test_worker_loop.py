@@ -1,0 +1,82 @@
+"""The worker's main loop (runs/engine/worker.py) in this process: when it claims."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from runs import services
+from runs.engine.worker import Worker
+from runs.models import Run, RunStatus
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def claims(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, dict[str, str]]]:
+    """Each claim the worker makes: how many runs it got, and every run's status just before."""
+    seen: list[tuple[int, dict[str, str]]] = []
+    claim = services.run_claim
+
+    def spy(**kwargs: Any) -> list[services.ClaimedRun]:
+        before = {str(r.id): r.status for r in Run.objects.all()}
+        got = claim(**kwargs)
+        seen.append((len(got), before))
+        return got
+
+    monkeypatch.setattr(services, "run_claim", spy)
+    return seen
+
+
+def start(worker: Worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run_forever, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_claim_that_fills_fewer_slots_than_free_is_not_repeated_until_a_run_ends(claims) -> None:
+    # No timer turns: only wake-ups (a new run, a run's end) make the loop claim.
+    worker = Worker(concurrency=4, listen=False, poll_seconds=60, heartbeat_seconds=60)
+    loop = start(worker)
+    try:
+        wait_for(lambda: len(claims) >= 1)  # the first turn finds an empty queue
+        run = services.run_create(
+            agent_id="slow", thread_id=None, input={"steps": 3, "delay_ms": 150}, actor="t"
+        )
+        wait_for(lambda: Run.objects.get(id=run.id).status == RunStatus.SUCCESS, timeout=20)
+        wait_for(lambda: len(claims) >= 3)
+    finally:
+        worker.stop()
+        loop.join(10)
+    got = [n for n, _ in claims]
+    assert got[:3] == [0, 1, 0], got
+    # The claim after the one that got 1 of 4 free slots waited for the run's end (its wake-up);
+    # it did not ask again at once while the run was still going.
+    assert claims[2][1][str(run.id)] == RunStatus.SUCCESS
+
+
+def test_runs_queued_past_the_free_slots_are_claimed_as_runs_end(claims) -> None:
+    runs = [  # the first two are claimed together and end 0.6 s apart
+        services.run_create(
+            agent_id="slow", thread_id=None, input={"steps": 2, "delay_ms": ms}, actor="t"
+        )
+        for ms in (100, 400, 100)
+    ]
+    worker = Worker(concurrency=2, listen=False, poll_seconds=60, heartbeat_seconds=60)
+    loop = start(worker)
+    try:  # no timer turn within 60 s: the third run is claimed on the first run's end
+        ids = [r.id for r in runs]
+        wait_for(
+            lambda: Run.objects.filter(id__in=ids, status=RunStatus.SUCCESS).count() == 3,
+            timeout=30,
+        )
+    finally:
+        worker.stop()
+        loop.join(10)
+    got = [n for n, _ in claims]
+    assert got[:2] == [2, 1], got
+    ended = [r for r, status in claims[1][1].items() if status == RunStatus.SUCCESS]
+    assert len(ended) == 1  # the second claim came with the first end
