@@ -108,3 +108,61 @@ def test_instances_refuse_a_statement_that_lacks_a_column_of_the_model():
     services.run_create(agent_id="echo", thread_id=None, input={}, actor="t")
     with pytest.raises(ValueError, match="lacks columns"):
         instances(Run, f"SELECT id, status FROM {Run._meta.db_table}")
+
+
+# --- insert ----------------------------------------------------------------------------------
+
+
+def _new_run(thread: Thread, **fields: object) -> Run:
+    return Run(thread=thread, agent_id="echo", status="pending", **fields)
+
+
+def test_inserted_rows_read_back_as_bulk_create_writes_them() -> None:
+    from runs.models import RunEvent
+    from runs.rows import insert
+
+    thread = services.thread_create(metadata={})
+    payload = {"text": "naïve ünïcode", "list": [1, 2.5, None, True], "nested": {"a": {}}}
+    mine, theirs = _new_run(thread, input=payload), _new_run(thread, input=payload)
+    insert([mine])
+    Run.objects.bulk_create([theirs])
+    a, b = Run.objects.get(id=mine.id), Run.objects.get(id=theirs.id)
+    skip = {"id", "created_at", "updated_at"}
+    assert {k: v for k, v in _columns(a).items() if k not in skip} == {
+        k: v for k, v in _columns(b).items() if k not in skip
+    }
+    assert a.input == payload and isinstance(a.id, uuid.UUID)
+    # auto_now_add / auto_now set on the instance, as bulk_create sets them, and stored
+    assert mine.created_at is not None and a.created_at == mine.created_at
+    assert a.updated_at == mine.updated_at
+    assert mine._state.adding is False and mine._state.db == "default"
+    # an auto-numbered key is the database's: rows get consecutive ids, in order
+    events = [RunEvent(run_id=mine.id, seq=i, kind="k", data={"i": i}, actor="t") for i in (1, 2)]
+    insert(events)
+    stored = list(RunEvent.objects.filter(run_id=mine.id).order_by("id"))
+    assert [(e.seq, e.data) for e in stored] == [(1, {"i": 1}), (2, {"i": 2})]
+
+
+def test_insert_writes_more_rows_than_one_statement_takes() -> None:
+    from runs.models import RunEvent
+    from runs.rows import insert
+
+    run = services.run_create(agent_id="echo", thread_id=None, input=1, actor="t")
+    events = [RunEvent(run_id=run.id, seq=100 + i, kind="k", data=i, actor="") for i in range(400)]
+    insert(events)  # 6 columns × 400 rows: more than 999 parameters
+    assert RunEvent.objects.filter(run_id=run.id, seq__gte=100).count() == 400
+
+
+def test_insert_refuses_what_it_cannot_write_as_asked() -> None:
+    from runs.models import RunEvent
+    from runs.rows import insert
+
+    thread = services.thread_create(metadata={})
+    with pytest.raises(ValueError, match="one model"):
+        insert([_new_run(thread), thread])
+    with pytest.raises(ValueError, match="primary key"):
+        insert([_new_run(thread, id=None)])
+    with pytest.raises(ValueError, match="database's to number"):
+        insert([RunEvent(id=5, run_id=uuid.uuid4(), seq=1, kind="k", data=None, actor="")])
+    assert Run.objects.filter(thread=thread).count() == 0
+    insert([])  # nothing to write: no statement

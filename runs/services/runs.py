@@ -20,6 +20,7 @@ from runs.models import (
     Thread,
     ToolCall,
 )
+from runs.rows import insert
 from runs.services.cancel import _cancel_locked
 from runs.services.core import (
     QUEUE_CHANNEL,
@@ -163,7 +164,7 @@ def run_create(
         if inflight and multitask_strategy == MultitaskStrategy.REJECT:
             raise Conflict(REJECT_MESSAGE, code="thread_busy")
         now = _now()
-        run = Run.objects.create(
+        run = Run(
             id=run_id or uuid7(),
             thread=thread,
             agent_id=agent_id,
@@ -177,6 +178,7 @@ def run_create(
             webhook=webhook,
             last_seq=1,  # its first event, written next: no other writer knows the run yet
         )
+        insert([run])
         _insert_events(
             run.id,
             1,

@@ -19,6 +19,7 @@ from uuid import UUID
 from django.db import connection
 
 from runs.models import Run, RunSearch, ToolCall
+from runs.rows import insert
 
 # PostgreSQL's tsvector holds at most 1 MB: a document is cut well below that (a run's huge
 # output is still found by its first 100,000 characters).
@@ -149,7 +150,7 @@ def search_index_new_run(*, run_id: UUID, input: Any, thread_metadata: Any) -> N
     document = search_document(
         input=input, output=None, error=None, thread_metadata=thread_metadata, tool_calls=()
     )
-    RunSearch.objects.create(run_id=run_id, document=document)
+    insert([RunSearch(run_id=run_id, document=document)])
 
 
 def search_refresh_thread(*, thread_id: UUID) -> int:

@@ -29,6 +29,7 @@ from runs.models import (
     ToolCall,
     ToolCallStatus,
 )
+from runs.rows import insert
 from runs.services.cancel import _apply_cancel
 from runs.services.core import (
     _UNSET,
@@ -57,17 +58,19 @@ def _step_event(w: StepWrite) -> Event:
 
 
 def _write_steps(lease: Lease, steps: Sequence[StepWrite]) -> None:
-    Checkpoint.objects.bulk_create(
-        Checkpoint(
-            id=w.id,
-            thread_id=lease.thread_id if lease.parent_run_id is None else None,
-            run_id=lease.run_id,
-            parent_id=w.parent_id,
-            step=w.step,
-            values=w.values,
-            pending=w.pending,
-        )
-        for w in steps
+    insert(
+        [
+            Checkpoint(
+                id=w.id,
+                thread_id=lease.thread_id if lease.parent_run_id is None else None,
+                run_id=lease.run_id,
+                parent_id=w.parent_id,
+                step=w.step,
+                values=w.values,
+                pending=w.pending,
+            )
+            for w in steps
+        ]
     )
 
 
@@ -115,9 +118,10 @@ def _create_tool_calls(
     if not new_tool_calls:
         return []
     step = steps[-1].step if steps else 0
-    created = ToolCall.objects.bulk_create(
+    created = [
         ToolCall(run_id=lease.run_id, step=step, **tc, **_started(tc)) for tc in new_tool_calls
-    )
+    ]
+    insert(created)
     search_refresh(run_ids=[lease.run_id])
     return created
 

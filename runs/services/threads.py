@@ -17,6 +17,7 @@ from runs.models import (
     RunStatus,
     Thread,
 )
+from runs.rows import insert
 from runs.services.cancel import _cancel_locked
 from runs.services.core import (
     _audit,
@@ -63,7 +64,9 @@ def thread_create(
     }
     if thread_id is None:
         # A new id (UUIDv7) cannot collide: one INSERT, no savepoint to catch a duplicate.
-        return Thread.objects.create(**fields)
+        thread = Thread(**fields)
+        insert([thread])
+        return thread
     with transaction.atomic():
         existing = Thread.objects.filter(id=thread_id).first()
         if existing is not None:
