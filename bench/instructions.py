@@ -1,0 +1,118 @@
+"""Instructions per operation in the service layer and the worker, counted by valgrind: the same
+count on every run of the same code, however loaded or noisy the machine. Prints figures and the
+machine; never asserts anything.
+
+    DATABASE_URL=postgres://…/runsite_bench python bench/instructions.py [--ops refund,echo,cancel]
+
+Each operation runs in one process under `valgrind --tool=cachegrind` (no cache simulation),
+at two sizes (--small and --large operations after the same start-up); the difference divided by
+the difference in size is what one operation costs this process: Python, Django, psycopg,
+everything but PostgreSQL's own work. PYTHONHASHSEED is fixed (with a random seed the start-up's
+count varies by ~10 %). Operations, all in-process through runs/services (no HTTP):
+
+- refund: `run_create` of the refund agent, then the worker's loop until it suspends (claim,
+  three step writes, the suspension): what a HITL run costs before its reviewer.
+- echo: `run_create` of echo, then the worker's loop to its end.
+- cancel: `run_create` of slow, a claim, then `run_cancel(action=interrupt)` of the running run.
+
+Time per instruction differs between machines; compare commits on one machine. Needs valgrind
+(Debian's package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ROOT, machine, setup_django  # noqa: E402
+
+
+def workload(op: str, n: int) -> None:
+    setup_django()
+    from runs import services
+    from runs.engine.worker import drain
+
+    for _ in range(n):
+        if op == "refund":
+            services.run_create(
+                agent_id="refund",
+                thread_id=None,
+                input={"order_id": "A1", "amount": 5},
+                actor="bench",
+            )
+            drain()
+        elif op == "echo":
+            services.run_create(agent_id="echo", thread_id=None, input={"n": 1}, actor="bench")
+            drain()
+        elif op == "cancel":
+            services.run_create(
+                agent_id="slow",
+                thread_id=None,
+                input={"steps": 5, "delay_ms": 10},
+                actor="bench",
+            )
+            for claimed in services.run_claim(owner="bench", limit=1):
+                services.run_cancel(run=claimed.run, action="interrupt", actor="bench")
+        else:
+            raise SystemExit(f"unknown operation {op!r}")
+
+
+def count(op: str, n: int) -> int:
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--tool=cachegrind",
+            "--cache-sim=no",
+            "--cachegrind-out-file=/dev/null",
+            sys.executable,
+            __file__,
+            "--run",
+            op,
+            str(n),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise SystemExit(f"{op} failed:\n{done.stderr[-3000:]}")
+    found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+    if found is None:
+        raise SystemExit(f"valgrind printed no count:\n{done.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--run":
+        workload(sys.argv[2], int(sys.argv[3]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", default="refund,echo,cancel")
+    parser.add_argument("--small", type=int, default=2)
+    parser.add_argument("--large", type=int, default=22)
+    args = parser.parse_args()
+    setup_django()
+    from django.core.management import call_command
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        raise SystemExit("needs PostgreSQL: DATABASE_URL=postgres://…")
+    call_command("migrate", verbosity=0)
+    connection.close()
+    print("machine:", machine())
+    # Each size runs alone: a drain takes whatever is pending, a parallel one's runs included.
+    for op in args.ops.split(","):
+        small, large = count(op, args.small), count(op, args.large)
+        per = (large - small) / (args.large - args.small)
+        print(f"{op:8} {per / 1e6:7.2f} M instructions per operation (this process)")
+
+
+if __name__ == "__main__":
+    main()
