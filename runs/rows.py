@@ -205,7 +205,7 @@ def insert(objs: Sequence[Model]) -> None:
     """INSERT new instances of one model, as `bulk_create(objs)` does, without its compile.
 
     `bulk_create` builds its statement through the ORM on every call: ~0.4 ms of CPU for the
-    three events of a step, which is half of what inserting them costs (bench/db_calls.py). Here
+    three events of a step, half of what inserting them costs (docs/benchmarks.md). Here
     the statement's text is built once per model; each value is prepared by its field as
     `bulk_create` prepares it (`pre_save` then `get_db_prep_save`: defaults, `auto_now_add`,
     JSON, UUIDs on SQLite). An auto-incremented primary key is left to the database and not read

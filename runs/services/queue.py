@@ -92,9 +92,9 @@ SELECT claimed.*, base.id AS base_checkpoint_id, base.values AS base_values
 # notes), claim, write the `started` events, and fetch the thread state a fresh run starts from.
 
 # Whether the claim above can find anything: a read of the queue's partial index. An empty claim
-# still costs PostgreSQL ~1.2 ms (the UPDATE's executor opens all of runs_run's and runs_runevent's
+# still costs PostgreSQL ~1.1 ms (the UPDATE's executor opens all of runs_run's and runs_runevent's
 # indexes and triggers before it finds no candidate; planning is ~0.8 ms of it and a prepared
-# plan did not save it), this ~0.15 ms. Every wake-up NOTIFY reaches every worker, and a worker
+# plan did not save it), this ~0.2 ms (bench/db_calls.py). Every wake-up NOTIFY reaches every worker, and a worker
 # claims again when a run ends, so most claims on a lightly queued system find nothing.
 _CLAIMABLE_SQL_POSTGRES = """
 SELECT 1 FROM runs_run
