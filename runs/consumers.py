@@ -18,6 +18,13 @@ group (runs/live_groups.py): one moment, one render per distinct batch, the same
 A run page, a thread page and an inbox following its reviewer's own decisions render alone.
 Messages carry the run's event seq; the browser drops fragments older than what it shows and
 re-fetches a region when it sees a gap (static/runs/app.js).
+
+Flow control: a page says how many frames it has swapped and painted (`{"ack": n}`, the first
+one on open). A socket that has FLOW_WINDOW frames not acknowledged yet is sent nothing more:
+its changes keep collecting (latest per run) and are rendered as one catch-up once the page
+acknowledges. A page whose browser is slower than the pushes (a busy run, a slow machine, a
+tab in the background, where nothing is painted) gets fewer, fuller pushes instead of a queue
+of frames that keeps its clicks waiting. A socket that never acknowledges is not held.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ from runs.selectors import search
 logger = logging.getLogger(__name__)
 
 MAX_WATCHED = 100
+# Frames a page may have unacknowledged before its pushes wait (a run page's push is ~3 frames).
+FLOW_WINDOW = 3
 
 
 def _change_signature(changes: list[dict[str, Any]]) -> tuple:
@@ -76,6 +85,9 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         self.closed = False
         self._flush_task: asyncio.Task[None] | None = None
         self._group: live_groups.Group | None = None
+        self.flow = False  # set by the page's first {"ack": n}
+        self.frames_sent = 0
+        self.frames_acked = 0
         if not can_use_dashboard(self.user):
             # Closing before accept() refuses the handshake (the browser sees HTTP 403).
             await self.close()
@@ -110,6 +122,44 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
             self._group = None
         for group in getattr(self, "groups_joined", []):
             self.hub.unlisten(group, self.hear)
+
+    async def send(  # type: ignore[override]  # as channels' own send overrides AsyncConsumer's
+        self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False
+    ) -> None:
+        await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+        if text_data is not None or bytes_data is not None:
+            self.frames_sent += 1
+
+    def blocked(self) -> bool:
+        """The page has FLOW_WINDOW frames it has not acknowledged: send it nothing now."""
+        return self.flow and self.frames_sent - self.frames_acked >= FLOW_WINDOW
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        try:
+            message = json.loads(text_data or "")
+        except ValueError:
+            return
+        if not isinstance(message, dict):
+            return
+        if "ack" in message:
+            self.acknowledge(message["ack"])
+        else:
+            self.receive_message(message)
+
+    def acknowledge(self, count: Any) -> None:
+        """The page has swapped and painted `count` frames of this socket. A count that is not
+        one this socket could have been sent (not an int, lower than the last, above what was
+        sent) is ignored."""
+        if type(count) is not int or not self.frames_acked <= count <= self.frames_sent:
+            return
+        was_blocked = self.blocked()
+        self.flow = True
+        self.frames_acked = count
+        if was_blocked and not self.blocked() and self.pending:
+            self._schedule()
+
+    def receive_message(self, message: dict[str, Any]) -> None:
+        """A message of the page other than an acknowledgement (none by default)."""
 
     def _prepare(self) -> list[str]:
         # Read once, here in a thread; cached on the user for every later render.
@@ -169,7 +219,8 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         everything pending, rendered as often as changes keep coming."""
         try:
             await asyncio.sleep(self.batch_seconds)
-            while self.pending:
+            # A held socket keeps its pending changes: its next acknowledgement flushes them.
+            while self.pending and not self.blocked():
                 batch, self.pending = self.pending, {}
                 try:
                     html = await database_sync_to_async(self.render)(list(batch.values()))
@@ -273,11 +324,11 @@ class RunsConsumer(_BatchingConsumer):
             for rid, status, seq, parent in rows
         ]
 
-    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+    def receive_message(self, message: dict[str, Any]) -> None:
         """The inbox asks to keep following a run its reviewer just decided: {"watch": id}."""
         try:
-            run_id = str(UUID(str(json.loads(text_data or "{}").get("watch"))))
-        except (ValueError, TypeError, AttributeError):
+            run_id = str(UUID(str(message.get("watch"))))
+        except ValueError:
             return
         if self.view == "inbox" and len(self.watched) < MAX_WATCHED:
             self.watched.add(run_id)

@@ -43,6 +43,8 @@ class Member(Protocol):
 
     def adopt(self, state: Any) -> None: ...
 
+    def blocked(self) -> bool: ...
+
     async def send(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None: ...
 
 
@@ -64,7 +66,9 @@ class Group:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            while any(member.pending for member in self.members):
+            # A held member (runs/consumers.py FLOW_WINDOW) keeps its batch; its page's next
+            # acknowledgement wakes the group again.
+            while any(member.pending and not member.blocked() for member in self.members):
                 # Even when due now, a turn of the loop passes first: every member has heard the
                 # change that woke the group (the hub hands a change to all of them in one call).
                 await asyncio.sleep(max(0.0, self.last_flush + self.interval - loop.time()))
@@ -80,7 +84,7 @@ class Group:
         member that had it."""
         batches: dict[Hashable, tuple[list[dict[str, Any]], list[Member]]] = {}
         for member in list(self.members):
-            if not member.pending:
+            if not member.pending or member.blocked():
                 continue
             changes = list(member.pending.values())
             member.pending = {}

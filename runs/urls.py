@@ -24,6 +24,7 @@ urlpatterns = [
     path("runs/bulk-retry/", retry_views.runs_bulk_retry, name="runs_bulk_retry"),
     path("runs/<uuid:run_id>/", views.run_detail, name="run_detail"),
     path("runs/<uuid:run_id>/events/", views.run_events, name="run_events"),
+    path("runs/<uuid:run_id>/events/<int:seq>/", views.run_event_data, name="run_event_data"),
     path("runs/<uuid:run_id>/deliveries/", notifications.run_deliveries, name="run_deliveries"),
     path("runs/<uuid:run_id>/state/", views.run_state, name="run_state"),
     path("runs/<uuid:run_id>/conversation/", review_context.run_chat, name="run_chat"),

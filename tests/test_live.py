@@ -321,6 +321,84 @@ async def test_a_run_page_hears_its_rollback(reviewer, support, drain) -> None:
         await page.disconnect()
 
 
+# --- flow control: a page that falls behind is held, then caught up ----------------------
+
+
+async def frames_until_quiet(communicator: WebsocketCommunicator, quiet: float = 0.6) -> list[str]:
+    """Every frame until none comes for `quiet` seconds (receive_nothing does not end the app
+    as a receive that times out does)."""
+    frames = []
+    while not await communicator.receive_nothing(timeout=quiet):
+        frames.append(await communicator.receive_from())
+    return frames
+
+
+async def test_a_run_page_behind_on_its_frames_is_held_then_caught_up(
+    reviewer, drain, monkeypatch
+) -> None:
+    """A page that acknowledges (app.js) and has FLOW_WINDOW frames unacknowledged is sent
+    nothing; what changed meanwhile comes as one catch-up push once it acknowledges."""
+    monkeypatch.setattr("runs.consumers.FLOW_WINDOW", 1)
+    run = await db(suspended_refund)(drain, "F-1")
+    page, ok = await connect(f"/ws/runs/{run.id}/?seq={run.last_seq}", reviewer)
+    assert ok
+    try:
+        await page.send_to(text_data=json.dumps({"ack": 0}))
+        assert await page.receive_nothing(timeout=0.4)
+        tc = await db(lambda: run.tool_calls.get(status=ToolCallStatus.AWAITING_APPROVAL))()
+        await db(services.tool_call_approve)(run=run, actor=reviewer)
+        first = await frames_until_quiet(page)
+        assert first and "s-success" not in "".join(first)
+        # The run goes on to its end: the page, one frame behind, hears nothing of it.
+        await db(drain)()
+        await db(run.refresh_from_db)()
+        assert run.status == RunStatus.SUCCESS
+        assert await page.receive_nothing(timeout=0.6)
+        # Acknowledgements that cannot be right change nothing.
+        for wrong in (len(first) + 1, str(len(first)), -1, None, [1]):
+            await page.send_to(text_data=json.dumps({"ack": wrong}))
+        await page.send_to(text_data="not json")
+        assert await page.receive_nothing(timeout=0.4)
+        await page.send_to(text_data=json.dumps({"ack": len(first)}))
+        caught_up = "".join(await frames_until_quiet(page))
+        assert 'id="run-header"' in caught_up and "s-success" in caught_up
+        assert f'<li data-seq="{run.last_seq}"' in caught_up
+        assert f'id="tc-{tc.pk}"' not in "".join(first) or "Approved" in caught_up
+    finally:
+        await page.disconnect()
+
+
+async def test_a_list_socket_held_by_its_page_leaves_the_others_of_its_group_alone(
+    support, monkeypatch
+) -> None:
+    """Two sockets sharing the runs list's renders: the one whose page is behind waits, the
+    other (a page that does not acknowledge is never held) gets every push; once the first
+    acknowledges it gets every row it missed in one push of its own."""
+    monkeypatch.setattr("runs.consumers.FLOW_WINDOW", 1)
+    path = "/ws/runs/?view=runs&status=pending"
+    held, ok1 = await connect(path, support)
+    free, ok2 = await connect(path, support)
+    assert ok1 and ok2
+    try:
+        await held.send_to(text_data=json.dumps({"ack": 0}))
+        await asyncio.sleep(0.1)
+        created = [await db(pending_echo)()]
+        first = await frames_until_quiet(held)
+        assert len(first) == 1 and f'id="run-row-{created[0].id}"' in first[0]
+        for _ in range(4):
+            created.append(await db(pending_echo)())
+            await asyncio.sleep(0.1)
+        assert await held.receive_nothing(timeout=0.5)
+        everything = "".join(await frames_until_quiet(free))
+        assert all(f'id="run-row-{run.id}"' in everything for run in created)
+        await held.send_to(text_data=json.dumps({"ack": 1}))
+        caught_up = "".join(await frames_until_quiet(held))
+        assert all(f'id="run-row-{run.id}"' in caught_up for run in created[1:])
+    finally:
+        await held.disconnect()
+        await free.disconnect()
+
+
 # --- overview and thread pages --------------------------------------------------------------
 
 

@@ -21,6 +21,10 @@ class Member:
         self.renders = log if log is not None else []
         self.received: list[tuple[float, str]] = []
         self.adopted: Any = None
+        self.held = False  # its page is behind on its frames (runs/consumers.py FLOW_WINDOW)
+
+    def blocked(self) -> bool:
+        return self.held
 
     def hear(self, run_id: str) -> None:
         self.pending[run_id] = {"run_id": run_id}
@@ -71,6 +75,27 @@ async def test_members_with_the_same_batch_share_one_render_and_the_same_bytes()
     assert log == [("p1", ["r1", "r2"])]
     assert [m.received[0][1] for m in members] == ["p1:r1,r2"] * 3
     assert all(m.adopted == {"page": "p1"} for m in members)
+
+
+async def test_a_held_member_keeps_its_batch_and_the_group_stops_until_it_is_released() -> None:
+    log: list[tuple[str, list[str]]] = []
+    group_key = key()
+    held, free = Member(log=log), Member(log=log)
+    held.held = True
+    for member in (held, free):
+        group = live_groups.join(group_key, 0.05, member)
+        member.hear("r1")
+        group.wake()
+    await settle(group)  # ends: only a held member has a batch, nothing to wait on
+    assert log == [("p1", ["r1"])] and held.received == [] and free.received
+    held.hear("r2")
+    group.wake()
+    await settle(group)
+    assert held.received == [] and set(held.pending) == {"r1", "r2"}
+    held.held = False  # its page acknowledged: the consumer wakes the group
+    group.wake()
+    await settle(group)
+    assert [text for _, text in held.received] == ["p1:r1,r2"] and held.pending == {}
 
 
 async def test_members_whose_pages_differ_render_apart_in_the_same_flush() -> None:

@@ -83,7 +83,7 @@ def _url(route: str, run: Run) -> str:
         "<uuid:thread_id>", str(run.thread_id)
     ).replace("<uuid:checkpoint_id>", "01a22d0e-0000-7000-8000-000000000000").replace(
         "<int:view_id>", "1"
-    )
+    ).replace("<int:seq>", "1")
 
 
 @pytest.fixture

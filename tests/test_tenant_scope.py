@@ -137,6 +137,7 @@ OBJECT_GETS = {
     "run_detail": lambda t: reverse("runs:run_detail", args=[t.refund.id]),
     "run_events": lambda t: reverse("runs:run_events", args=[t.refund.id]) + "?before=3",
     "run_state": lambda t: reverse("runs:run_state", args=[t.refund.id]),
+    "run_event_data": lambda t: reverse("runs:run_event_data", args=[t.refund.id, 1]),
     "thread_detail": lambda t: reverse("runs:thread_detail", args=[t.thread.id]),
     "thread_values": lambda t: reverse("runs:thread_values", args=[t.thread.id]),
     "thread_checkpoint_values": lambda t: reverse(

@@ -214,6 +214,30 @@ def test_the_timeline_loads_older_events(reviewer, refund) -> None:
     assert re.findall(r'data-seq="(\d+)"', body) == ["3", "2", "1"]
 
 
+def test_a_timeline_row_fetches_its_data_when_opened(reviewer, refund) -> None:
+    """Rows carry no data (a busy run's push would be mostly JSON nobody opened): opening one
+    fetches it."""
+    client = signed_in(reviewer)
+    page = client.get(f"/runs/{refund.id}/").content.decode()
+    timeline = page[page.index('id="run-timeline"') :]
+    assert '<pre class="json"' not in timeline
+    urls = re.findall(
+        r'<details hx-get="(/runs/[^"]+/events/(\d+)/)" hx-trigger="toggle once"', timeline
+    )
+    assert len(urls) == refund.last_seq
+    event = refund.events.filter(kind="tool_call").order_by("seq").last()
+    url = reverse("runs:run_event_data", args=[refund.id, event.seq])
+    fragment = client.get(url, headers=HX)
+    assert fragment.status_code == 200
+    body = fragment.content.decode()
+    assert body.startswith('<pre class="json">') and "issue_refund" in body
+    full = client.get(url)  # without JavaScript: a page around it
+    assert full.status_code == 200 and f"Event #{event.seq} (tool_call)" in full.content.decode()
+    missing = client.get(reverse("runs:run_event_data", args=[refund.id, 999]), headers=HX)
+    assert missing.status_code == 404
+    assert Client().get(url).status_code == 302  # signed out: to the login page
+
+
 # --- the permission matrix of every action --------------------------------------------------
 
 REVIEW_STATUS = {"reviewer": 200, "support": 403, "staff": 200, "nobody": 403}

@@ -325,6 +325,14 @@ def run_events(run: Run, *, after: int = 0, limit: int = 100) -> list[RunEvent]:
     return list(run.events.filter(seq__gt=after).order_by("seq")[:limit])
 
 
+def run_event(run: Run, seq: int) -> RunEvent:
+    """One event of a run the caller may already see (visible_run)."""
+    event = run.events.filter(seq=seq).first()
+    if event is None:
+        raise NotFound(f"Run {run.id} has no event {seq}", code="event_not_found")
+    return event
+
+
 def latest_checkpoint(
     *, thread_id: UUID | None = None, run_id: UUID | None = None
 ) -> Checkpoint | None:

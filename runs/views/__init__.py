@@ -67,6 +67,7 @@ from runs.fragments import (
 from runs.models import RunStatus, ToolCall
 from runs.permissions import can_cancel, can_review
 from runs.selectors.search import run_id_jump, runs_list
+from runs.templatetags.runs_ui import event_data
 from runs.views.lists import ListPaginator, sort_links
 
 
@@ -397,6 +398,21 @@ def run_events(request: HtmxHttpRequest, run_id: UUID) -> HttpResponse:
         # Without JavaScript "load older" is a link: a page of the older events.
         return render(request, "runs/run_events.html", {**context, "nav": "runs"})
     return render(request, "runs/_fragments/timeline.html#older", context)
+
+
+@require_GET
+@dashboard_view
+def run_event_data(request: HtmxHttpRequest, run_id: UUID, seq: int) -> HttpResponse:
+    """One timeline event's data, fetched when its row is opened: a busy run's page gains ten
+    rows a second, and carrying every row's data (pretty JSON, mostly never opened) made each
+    push several times bigger for the browser to parse and keep."""
+    run = _get_run(request, run_id)
+    try:
+        event = selectors.run_event(run, seq)
+    except NotFound:
+        raise Http404(f"This run has no event {seq}") from None
+    back = reverse("runs:run_detail", args=[run.id])
+    return _json_value(request, f"Event #{seq} ({event.kind})", back, event_data(event))
 
 
 def _json_value(request: HtmxHttpRequest, title: str, back: str, value: Any) -> HttpResponse:

@@ -3,7 +3,9 @@
  * - Live updates: htmx's ws extension swaps pushed fragments by id. Here we guard those swaps
  *   (drop a fragment older than what the page shows, re-fetch when the timeline has a gap),
  *   insert rows that are not on the page yet, re-fetch after a reconnect, and poll every 10 s
- *   with a banner while the socket is down.
+ *   with a banner while the socket is down. The page acknowledges the frames it has swapped
+ *   and painted, so the server sends a page that falls behind fewer, fuller pushes
+ *   (runs/consumers.py FLOW_WINDOW) instead of a queue that keeps its clicks waiting.
  * - Relative timestamps, copy buttons, keyboard shortcuts, bulk selection helpers, flashes.
  */
 (function () {
@@ -15,6 +17,8 @@
   var opened = false;       // the first open is not a reconnect
   var watched = new Set();  // runs whose decided inbox row keeps following the run
   var downTimer = null;
+  var received = 0;         // frames of the open socket handed to the page so far
+  var ackPending = false;
 
   // --- live state -----------------------------------------------------------------------
 
@@ -45,15 +49,34 @@
     if (socket) socket.send(JSON.stringify({ watch: runId }));
   }
 
+  function acknowledge() {
+    if (socket) socket.send(JSON.stringify({ ack: received }));
+  }
+
   document.addEventListener("htmx:wsOpen", function (evt) {
     socket = evt.detail.socketWrapper;
+    received = 0;
+    acknowledge();  // this page acknowledges: the server may hold pushes it is behind on
     setLive("up");
     if (opened) resync();  // messages sent while we were away are lost: re-fetch the regions
     opened = true;
     watched.forEach(function (id) { socket.send(JSON.stringify({ watch: id })); });
   });
 
+  // Counted before the swap (a swap that throws must not stall the socket), acknowledged once
+  // the frame after it is painted: a burst of frames is one acknowledgement, and a tab in the
+  // background (nothing painted) acknowledges when it is shown again.
+  document.addEventListener("htmx:wsBeforeMessage", function () {
+    received += 1;
+    if (ackPending) return;
+    ackPending = true;
+    requestAnimationFrame(function () {
+      setTimeout(function () { ackPending = false; acknowledge(); }, 0);
+    });
+  });
+
   document.addEventListener("htmx:wsClose", function (evt) {
+    socket = null;  // a message queued for a closed socket would reach the next one
     setLive("down");
     var code = evt.detail.event && evt.detail.event.code;
     // The extension reconnects by itself after abnormal closes only; a server going away

@@ -271,6 +271,10 @@ def test_an_xss_payload_in_tool_arguments_renders_as_text(web: Browser, reviewer
     card.get_by_role("button", name="Approve").click()  # more pushes carrying the arguments
     expect(page.locator("#run-header .badge").first).to_have_text("success", timeout=20_000)
     expect(page.locator("#timeline-events")).to_contain_text("<script>alert(2)</script>")
+    # A timeline row's data is fetched when the row is opened, escaped like the rest.
+    event = page.locator("#timeline-events li.ev-tool_call").first
+    event.locator("summary").click()
+    expect(event.locator("pre.json")).to_contain_text('<img src=x onerror=\\"alert(1)\\">')
     shot(page, "5-xss-as-text")
     for p in (inbox, page):
         assert p.locator("img[src=x]").count() == 0

@@ -8,6 +8,7 @@ small frames, the buttons work): a test never asserts a wall time.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
@@ -45,6 +46,13 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def _main_thread(cdp: Any) -> dict[str, float]:
+    """Seconds the page's main thread has spent so far: in all, in script, style, layout."""
+    metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+    names = ("TaskDuration", "ScriptDuration", "RecalcStyleDuration", "LayoutDuration")
+    return {name: metrics.get(name, 0.0) for name in names}
+
+
 def _dom_nodes(page: Any) -> int:
     return page.evaluate("document.getElementsByTagName('*').length")
 
@@ -65,16 +73,24 @@ def test_support_can_stop_a_runaway_run_while_its_page_streams(
     frames: list[int] = []
     try:
         page = web.page(support, f"/runs/{run.id}/")
-        page.on(
-            "websocket",
-            lambda ws: ws.on(
+        acks: list[int] = []
+
+        def watch(ws: Any) -> None:
+            ws.on(
                 "framereceived",
                 lambda payload: frames.append(
                     len(payload.encode() if isinstance(payload, str) else payload)
                 ),
-            ),
-        )
+            )
+            ws.on("framesent", lambda payload: acks.append(int(json.loads(payload).get("ack", -1))))
+
+        page.on("websocket", watch)
         page.reload()  # the listener sees the socket only if it is there before it opens
+        cdp = page.context.new_cdp_session(page)
+        if os.environ.get("THROTTLE"):
+            cdp.send("Emulation.setCPUThrottlingRate", {"rate": float(os.environ["THROTTLE"])})
+        cdp.send("Performance.enable")
+        busy_before = _main_thread(cdp)
         live(page)
         # In the page: from the click's input event to the next frame painted after it.
         page.evaluate(IN_PAGE_LATENCY)
@@ -93,6 +109,7 @@ def test_support_can_stop_a_runaway_run_while_its_page_streams(
             expect(rollback.locator("form")).to_be_hidden(timeout=30_000)
             dom.append(_dom_nodes(page))
         watched = time.monotonic() - started
+        busy = {k: v - busy_before[k] for k, v in _main_thread(cdp).items()}
         in_page = [c for i, c in enumerate(page.evaluate("window.__clicks")) if i % 2 == 0]
         # The thread page and the runs list of the same busy run, a few seconds each.
         others = {}
@@ -139,6 +156,12 @@ def test_support_can_stop_a_runaway_run_while_its_page_streams(
         f"  the same in the page (input event → next frame): p50 {_pct(in_page, 0.5):.0f} ms, "
         f"p95 {_pct(in_page, 0.95):.0f} ms, max {max(in_page):.0f} ms\n"
         f"  click 'Interrupt run' → header says interrupted: {stop_ms:.0f} ms\n"
+        f"  the page's main thread while watched, ms per second: busy "
+        f"{busy['TaskDuration'] * 1000 / watched:.0f}, script "
+        f"{busy['ScriptDuration'] * 1000 / watched:.0f}, style "
+        f"{busy['RecalcStyleDuration'] * 1000 / watched:.0f}, layout "
+        f"{busy['LayoutDuration'] * 1000 / watched:.0f}\n"
+        f"  acknowledgements sent by the page: {len(acks)}\n"
         f"  websocket frames: {len(frames)}, bytes p50 {statistics.median(frames):.0f}, "
         f"max {max(frames)}, total {sum(frames)}\n"
         f"  DOM nodes: start {dom[0]}, max {max(dom)}, end {dom[-1]}; "
@@ -152,6 +175,8 @@ def test_support_can_stop_a_runaway_run_while_its_page_streams(
     assert run.status == RunStatus.INTERRUPTED
     assert Run.objects.get(id=run.id).cancel_reason == "runaway"
     assert len(clicks) == CLICKS
+    # The page says what it has swapped (runs/consumers.py FLOW_WINDOW), in order.
+    assert acks[0] == 0 and len(acks) > 1 and acks == sorted(acks) and acks[-1] <= len(frames)
     assert max(dom) < MAX_DOM_NODES, dom
     assert max(frames) < MAX_FRAME_BYTES, sorted(frames)[-5:]
     assert timeline_items <= 201 and cards <= 200
