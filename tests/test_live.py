@@ -360,7 +360,7 @@ async def test_a_run_page_behind_on_its_frames_is_held_then_caught_up(
         await page.send_to(text_data="not json")
         assert await page.receive_nothing(timeout=0.4)
         await page.send_to(text_data=json.dumps({"ack": len(first)}))
-        caught_up = "".join(await frames_until_quiet(page))
+        caught_up = "".join(await frames_until_quiet(page, quiet=1.5))
         assert 'id="run-header"' in caught_up and "s-success" in caught_up
         assert f'<li data-seq="{run.last_seq}"' in caught_up
         assert f'id="tc-{tc.pk}"' not in "".join(first) or "Approved" in caught_up
@@ -392,7 +392,7 @@ async def test_a_list_socket_held_by_its_page_leaves_the_others_of_its_group_alo
         everything = "".join(await frames_until_quiet(free))
         assert all(f'id="run-row-{run.id}"' in everything for run in created)
         await held.send_to(text_data=json.dumps({"ack": 1}))
-        caught_up = "".join(await frames_until_quiet(held))
+        caught_up = "".join(await frames_until_quiet(held, quiet=1.5))
         assert all(f'id="run-row-{run.id}"' in caught_up for run in created[1:])
     finally:
         await held.disconnect()
