@@ -113,6 +113,29 @@ class RunPushState:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _header_key(run: Run) -> tuple | None:
+    """What the run header shows but its duration and event count; None when it must be
+    rendered whole every time (an ended run's header lists its retries, which are other rows)."""
+    if run.is_terminal:
+        return None
+    return (
+        run.status,
+        run.cancel_requested_at,
+        run.cancel_action,
+        run.behind_run_id,
+        run.started_at,
+        run.suspended_at,
+        run.finished_at,
+        run.attempt,
+        run.lease_owner,
+        run.cancel_reason,
+        run.resource_id,
+        run.thread_id,
+        run.retry_of_id,
+        run.parent_run_id,
+    )
+
+
 def tool_call_ids_named(events: Iterable[RunEvent]) -> set[str]:
     """Tool calls that events mention (created, suspended on, decided, finished)."""
     ids: set[str] = set()
@@ -335,7 +358,13 @@ class Fragments:
         """
         ctx = self.run_context(page)
         run = page.run
-        parts = [self.render("run_header.html", **ctx)]
+        header_key = _header_key(run)
+        if header_key is None or header_key != sent.extra.get("header_key"):
+            parts = [self.render("run_header.html", **ctx)]
+        else:
+            # A run stepping on: the header is as the page shows it but for two fields.
+            parts = [self.render("run_header.html#progress", run=run, progress=True)]
+        sent.extra["header_key"] = header_key
         actions_token = f"{run.status}:{run.cancel_action or ''}"
         if actions_token != sent.actions_token:
             parts.append(self.render("run_actions.html", **ctx))

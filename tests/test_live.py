@@ -509,6 +509,33 @@ def test_a_run_push_carries_only_new_events_and_changed_cards(support, drain) ->
     assert "run-checkpoint-rows" not in again[0]
 
 
+def test_a_run_that_steps_on_pushes_its_duration_and_event_count_not_its_header(
+    support, drain
+) -> None:
+    """The header of a live run changes with every step only in two fields: those go alone,
+    and the header goes whole again when anything else in it changed."""
+    from runs import selectors
+    from runs.fragments import Fragments, RunPushState
+
+    run = suspended_refund(drain, "P-1")
+    fragments = Fragments(support)
+    page = selectors.run_page(run.id, user=support)
+    sent = RunPushState(seq=page.run.last_seq)
+    assert 'id="run-header"' in fragments.run_push(page, sent, with_io=False)[0]
+    page.run.last_seq += 1  # a step later, the same run
+    progress = fragments.run_push(page, sent, with_io=False)[0]
+    assert 'id="run-header"' not in progress
+    assert re.search(r'<dd id="run-duration" hx-swap-oob="true">', progress)
+    assert f'<dd id="run-events" data-seq="{page.run.last_seq}" hx-swap-oob="true">' in progress
+    assert len(progress.encode()) < 600
+    page.run.lease_owner = "another-worker"  # shown in the header: it goes whole
+    assert 'id="run-header"' in fragments.run_push(page, sent, with_io=False)[0]
+    page.run.status = RunStatus.SUCCESS  # an ended run's header lists its retries: always whole
+    first = fragments.run_push(page, sent, with_io=False)[0]
+    again = fragments.run_push(page, sent, with_io=False)[0]
+    assert 'id="run-header"' in first and 'id="run-header"' in again
+
+
 def test_a_push_that_catches_up_on_many_cards_sends_small_frames(support, drain) -> None:
     """A page that missed a lot (a busy run, a slow socket) gets every changed card, each
     once, in frames the browser swaps one at a time: the header leads, no frame of several

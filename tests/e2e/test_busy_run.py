@@ -129,7 +129,7 @@ def test_support_can_stop_a_runaway_run_while_its_page_streams(
             time.sleep(5)
             others[path] = (nodes, _dom_nodes(other), other_frames)
             other.close()
-        seq_shown = int(page.locator("#run-header").get_attribute("data-seq") or 0)
+        seq_shown = int(page.locator("#run-events").get_attribute("data-seq") or 0)
 
         # Stop it: interrupt, then the header says so.
         interrupt = page.locator("#cancel-interrupt")
