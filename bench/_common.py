@@ -23,6 +23,17 @@ def setup_django() -> None:
     logging.disable(logging.INFO)
 
 
+def postgres_database() -> None:
+    """Set Django up on a PostgreSQL database (DATABASE_URL), migrated; refuse anything else."""
+    setup_django()
+    from django.core.management import call_command
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        raise SystemExit("needs PostgreSQL: DATABASE_URL=postgres://…")
+    call_command("migrate", verbosity=0)
+
+
 def machine() -> str:
     cpu = "unknown CPU"
     try:

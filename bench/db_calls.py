@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, setup_django  # noqa: E402
+from _common import machine, postgres_database  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -33,17 +33,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1000)
     args = parser.parse_args()
-    setup_django()
+    postgres_database()
     from django.conf import settings
-    from django.core.management import call_command
     from django.db import connection
 
     from runs import services
     from runs.models import Run, RunStatus
 
-    if connection.vendor != "postgresql":
-        raise SystemExit("needs PostgreSQL: DATABASE_URL=postgres://…")
-    call_command("migrate", verbosity=0)
     print("machine:", machine())
     pending = Run.objects.filter(status=RunStatus.PENDING).count()
     print(f"runs in the database: {Run.objects.count()} ({pending} pending)")

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, machine, setup_django  # noqa: E402
+from _common import ROOT, machine, postgres_database, setup_django  # noqa: E402
 
 
 def workload(op: str, n: int) -> None:
@@ -98,13 +98,9 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=2)
     parser.add_argument("--large", type=int, default=22)
     args = parser.parse_args()
-    setup_django()
-    from django.core.management import call_command
+    postgres_database()
     from django.db import connection
 
-    if connection.vendor != "postgresql":
-        raise SystemExit("needs PostgreSQL: DATABASE_URL=postgres://…")
-    call_command("migrate", verbosity=0)
     connection.close()
     print("machine:", machine())
     # Each size runs alone: a drain takes whatever is pending, a parallel one's runs included.
