@@ -228,6 +228,15 @@ else:
             "check": check_pooled_connection,
         }
     _db.setdefault("OPTIONS", {})["connect_timeout"] = env_int("DATABASE_CONNECT_TIMEOUT", 5)
+    # Prepared statements: parameters sent apart from the statement (server-side binding), and
+    # a statement a connection has run DATABASE_PREPARE_THRESHOLD times kept prepared on it, so
+    # PostgreSQL stops parsing and planning the same hot statements on every call: about half
+    # its CPU per run (docs/benchmarks.md). Off (0) behind a pooler that cannot keep prepared
+    # statements (PgBouncer in transaction mode before 1.21).
+    _prepare_threshold = env_int("DATABASE_PREPARE_THRESHOLD", 2)
+    if _prepare_threshold:
+        _db["OPTIONS"]["server_side_binding"] = True
+        _db["OPTIONS"]["prepare_threshold"] = _prepare_threshold
     # A process frozen inside a transaction (SIGSTOP, a debugger, a stuck host) would hold its
     # row locks forever and block the reaper; the server ends such sessions after this long.
     _idle_tx_ms = env_int("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS", 10_000)
