@@ -9,7 +9,8 @@ column converters once per (model, columns, database vendor) and then only execu
 model instance it returns is the ORM's own (`Model.from_db`), with every column loaded and
 converted exactly as a QuerySet would (JSON, dates, UUIDs on SQLite). `instances` does for a
 hand-written statement what `Model.objects.raw()` does, with its column mapping and converters
-worked out once per statement shape instead of on every call.
+worked out once per statement shape instead of on every call. `write_together` sends several
+writes (and a read) to PostgreSQL as one statement: one round trip instead of one each.
 """
 
 from __future__ import annotations
@@ -214,6 +215,17 @@ def insert(objs: Sequence[Model]) -> None:
     """
     if not objs:
         return
+    alias = router.db_for_write(type(objs[0]))
+    with connections[alias].cursor() as cursor:
+        for sql, params in insert_statements(objs):
+            cursor.execute(sql, params)
+
+
+def insert_statements(objs: Sequence[Model]) -> list[tuple[str, list[Any]]]:
+    """The statements `insert(objs)` executes, (sql, params) each: for `write_together`. The
+    instances are marked saved, as `insert` marks them."""
+    if not objs:
+        return []
     model = type(objs[0])
     meta = model._meta
     if any(type(obj) is not model for obj in objs):
@@ -227,15 +239,46 @@ def insert(objs: Sequence[Model]) -> None:
     connection = connections[alias]
     statement = _insert(model, with_pk, alias)
     per = statement.rows_per_statement
-    with connection.cursor() as cursor:
-        for start in range(0, len(objs), per):
-            chunk = objs[start : start + per]
-            params = [
-                field.get_db_prep_save(field.pre_save(obj, True), connection)
-                for obj in chunk
-                for field in statement.fields
-            ]
-            cursor.execute(statement.head + ", ".join([statement.row] * len(chunk)), params)
+    statements = []
+    for start in range(0, len(objs), per):
+        chunk = objs[start : start + per]
+        params = [
+            field.get_db_prep_save(field.pre_save(obj, True), connection)
+            for obj in chunk
+            for field in statement.fields
+        ]
+        statements.append((statement.head + ", ".join([statement.row] * len(chunk)), params))
     for obj in objs:
         obj._state.adding = False
         obj._state.db = alias
+    return statements
+
+
+def write_together(
+    writes: Sequence[tuple[str, list[Any]]], select: str, params: Sequence[Any], alias: str
+) -> tuple[Any, ...] | None:
+    """Execute the data-changing statements `writes`, then `select`; return select's row.
+
+    On PostgreSQL all of it is one statement, one round trip: each write a data-modifying
+    `WITH` part (PostgreSQL runs every such part whether or not it is referenced) and `select`
+    the main query. Elsewhere (SQLite, whose round trips cost nothing) they run one after
+    another. So the statements must not depend on one another's effects: in one statement
+    every part and the select see the database as it was before any of them (a row inserted by
+    one part is invisible to the others; a row may be changed by one part only), while run one
+    after another they see each other. Write `select` so that it reads the same either way
+    (e.g. leave rows the writes add or change out of its conditions explicitly). Foreign keys
+    between rows inserted by different parts are checked at the end of the statement, so a run
+    and its events may be inserted together."""
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql" and writes:
+            parts = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(writes))
+            cursor.execute(
+                f"WITH {parts} {select}", [p for _, ps in writes for p in ps] + list(params)
+            )
+        else:
+            for sql, write_params in writes:
+                cursor.execute(sql, write_params)
+            cursor.execute(select, list(params))
+        row = cursor.fetchone()
+    return tuple(row) if row is not None else None

@@ -166,3 +166,49 @@ def test_insert_refuses_what_it_cannot_write_as_asked() -> None:
         insert([RunEvent(id=5, run_id=uuid.uuid4(), seq=1, kind="k", data=None, actor="")])
     assert Run.objects.filter(thread=thread).count() == 0
     insert([])  # nothing to write: no statement
+
+
+def test_writes_together_insert_a_run_and_its_events_and_read_as_they_were_before() -> None:
+    from django.db import connection
+
+    from runs.models import RunEvent
+    from runs.rows import insert_statements, write_together
+
+    thread = services.thread_create(metadata={})
+    run = Run(id=uuid.uuid4(), thread=thread, agent_id="echo", status="pending", last_seq=2)
+    events = [RunEvent(run_id=run.id, seq=n, kind="created", data={"n": n}) for n in (1, 2)]
+    row = write_together(
+        [*insert_statements([run]), *insert_statements(events)],
+        # The select leaves the new run out by id: it reads the same in one statement
+        # (PostgreSQL, where the writes are not visible to it) as after them (SQLite).
+        "SELECT (SELECT count(*) FROM runs_run WHERE thread_id = %s AND id <> %s), %s",
+        [thread.id.hex if connection.vendor == "sqlite" else thread.id, run.id.hex, "done"],
+        connection.alias,
+    )
+    assert row == (0, "done")
+    assert Run.objects.get(id=run.id).status == "pending"
+    assert list(RunEvent.objects.filter(run_id=run.id).values_list("seq", "data")) == [
+        (1, {"n": 1}),
+        (2, {"n": 2}),
+    ]
+    assert run._state.adding is False
+
+
+@pytest.mark.postgres
+def test_writes_together_are_one_statement_on_postgresql() -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from runs.rows import insert_statements, write_together
+
+    keys = [ApiKey(name=f"k{i}", key_hash=f"h{uuid.uuid4().hex}") for i in range(2)]
+    with CaptureQueriesContext(connection) as queries:
+        row = write_together(
+            [*insert_statements(keys[:1]), *insert_statements(keys[1:])],
+            "SELECT 1",
+            [],
+            connection.alias,
+        )
+    assert row == (1,)
+    assert len(queries) == 1 and queries[0]["sql"].startswith("WITH w0 AS (INSERT")
+    assert ApiKey.objects.filter(name__in=["k0", "k1"]).count() == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
@@ -114,6 +115,38 @@ def test_an_empty_queue_is_answered_by_one_read_without_the_claims_update() -> N
     with CaptureQueriesContext(connection) as queries:
         assert services.run_claim(owner="w2", limit=5) == []
     assert len(queries) == 2
+
+
+@pytest.mark.postgres
+def test_a_new_run_is_queued_in_two_statements() -> None:
+    """The thread locked and read, then the run, its first event, its search document, the
+    thread's status and metadata and the workers' wake-up as one statement (8 before)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def statements(captured: CaptureQueriesContext) -> list[str]:
+        # (the test's own transaction turns the service's into a savepoint)
+        return [q["sql"] for q in captured if "SAVEPOINT" not in q["sql"]]
+
+    thread = services.thread_create(metadata={"team": "blue"})
+    with CaptureQueriesContext(connection) as queries:
+        run = services.run_create(agent_id="echo", thread_id=thread.id, input={"q": 1}, actor="t")
+    assert len(statements(queries)) == 2, statements(queries)
+    assert "pg_notify" in statements(queries)[1]
+    thread.refresh_from_db()
+    assert thread.status == ThreadStatus.BUSY
+    assert thread.metadata["team"] == "blue" and thread.metadata["graph_id"] == "echo"
+    assert list(RunEvent.objects.filter(run=run).values_list("seq", "kind", "actor")) == [
+        (1, "created", "t")
+    ]
+    assert Run.objects.get(id=run.id).status == RunStatus.PENDING
+    document = RunSearch.objects.get(run=run).document
+    assert "input: q 1" in document and "graph_id echo" in document
+    # A second run behind it: queued (enqueue), the thread already stamped.
+    with CaptureQueriesContext(connection) as queries:
+        services.run_create(agent_id="echo", thread_id=thread.id, input={"q": 2}, actor="t")
+    assert len(statements(queries)) == 2
+    assert "metadata" not in statements(queries)[1].split("UPDATE runs_thread")[1].split(")")[0]
 
 
 # --- running → suspended → pending → success (same run id) -----------------------------------
@@ -356,8 +389,9 @@ def test_rollback_takes_every_row_of_the_run_in_one_delete(
     assert RunSearch.objects.filter(run_id=run.id).exists()
     assert Checkpoint.objects.filter(run=run).exists() and ToolCall.objects.filter(run=run)
 
-    # BEGIN, thread lock, run lock, audit, the DELETE, the thread's state, COMMIT.
-    with django_assert_num_queries(7):
+    # BEGIN, thread lock, run lock, one statement (the DELETE, the audit entry, the thread's
+    # state), COMMIT; on SQLite that statement's parts one after another.
+    with django_assert_num_queries(5 if connection.vendor == "postgresql" else 8):
         services.run_cancel(run=run, action="rollback", actor=support)
 
     for model in (Checkpoint, ToolCall, RunEvent, RunSearch):
@@ -366,6 +400,36 @@ def test_rollback_takes_every_row_of_the_run_in_one_delete(
     assert Run.objects.get(id=retry.id).retry_of_id is None
     delegating.refresh_from_db()
     assert delegating.child_run_id is None
+
+
+def test_an_interrupt_is_one_statement_after_the_locks(
+    drain, support, django_assert_num_queries
+) -> None:
+    """The run's end, its event, the audit entry, the thread's status and values and the
+    worker's notice: one statement on PostgreSQL after the thread and run locks."""
+    thread = make_thread()
+    earlier = services.run_create(agent_id="echo", thread_id=thread.id, input="x", actor="t")
+    drain()
+    run = suspended_refund(drain, thread)
+    claimed_newest = Checkpoint.objects.filter(thread=thread).order_by("-created_at", "-id")[0]
+    assert claimed_newest.run_id == run.id
+    with django_assert_num_queries(5 if connection.vendor == "postgresql" else 9):
+        services.run_cancel(run=run, action="interrupt", actor=support, reason="stop")
+    run.refresh_from_db()
+    assert (run.status, run.cancel_action, run.cancel_reason) == (
+        "interrupted",
+        "interrupt",
+        "stop",
+    )
+    assert run.finished_at is not None and run.lease_owner is None
+    events = list(run.events.order_by("seq").values_list("seq", "kind", "data"))
+    assert events[-1] == (run.last_seq, "cancelled", {"action": "interrupt", "reason": "stop"})
+    assert AuditEntry.objects.filter(run_id=run.id, action="cancel_interrupt").count() == 1
+    thread.refresh_from_db()
+    # Idle (nothing else in flight), its values the interrupted run's newest checkpoint.
+    assert thread.status == ThreadStatus.IDLE
+    assert thread.values == claimed_newest.values
+    assert Run.objects.get(id=earlier.id).status == RunStatus.SUCCESS
 
 
 def test_interrupt_of_a_suspended_run_keeps_checkpoints(drain, support) -> None:
@@ -682,6 +746,9 @@ def test_reject_strategy_conflicts_on_a_busy_thread() -> None:
         )
     assert err.value.detail == services.REJECT_MESSAGE
     assert Run.objects.filter(thread=thread).count() == 1
+    # The refused run was written with its event and document, then rolled back with them.
+    assert RunEvent.objects.filter(run__thread=thread).count() == 1
+    assert RunSearch.objects.filter(run__thread=thread).count() == 1
 
 
 def test_interrupt_strategy_cancels_the_in_flight_run() -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from uuid import UUID
 
-from django.db import transaction
-from django.db.models import Case, Exists, F, QuerySet, TextField, Value, When
+from django.db import connection, transaction
+from django.db.models import Case, DateTimeField, Exists, F, QuerySet, TextField, Value, When
 from django.db.models.functions import Coalesce
 
 from runs import metrics
@@ -22,22 +23,28 @@ from runs.models import (
     RunStatus,
     Thread,
 )
+from runs.rows import insert, insert_statements, write_together
 from runs.services.core import (
     CANCEL_CHANNEL,
     LATEST_VALUES,
     LEASE_CLEARED,
     _audit,
+    _audit_entry,
     _check_scope,
     _clear_lease,
     _insert_events,
     _lock_run,
+    _notifies_in_sql,
     _notify,
     _notify_cancel_many,
+    _notify_in_process,
     _now,
     _publish,
     _refresh_thread,
     _refresh_threads,
+    _refresh_threads_statement,
     _update_returning,
+    _uuid_param,
     _validate_choice,
     logger,
 )
@@ -56,7 +63,7 @@ def run_cancel(
     _validate_choice(action, CancelAction.values, "action")
     _check_scope(run, pinned_resource_id, "Run")
     with transaction.atomic():
-        locked = _lock_run(run.id, known=run, rules=Exists(_rules_of_run))
+        locked = _lock_run(run.id, known=run)
         if locked.parent_run_id is not None:
             raise Conflict(
                 f"Run {run.id} is a sub-agent run; cancel its supervisor run "
@@ -78,7 +85,7 @@ def _cancel_locked(
             code="run_not_active",
             extra={"status": run.status},
         )
-    _audit(
+    audit = _audit_entry(
         actor=actor,
         action=f"cancel_{action}",
         run=run,
@@ -89,20 +96,103 @@ def _cancel_locked(
             **({"via": via} if via else {}),
         },
     )
-    if run.status == RunStatus.RUNNING:
-        # The cancel ends the run here, in this transaction: its lease is cleared, so the
-        # worker's next fenced write is refused (RunCancelled) and it stops; told at commit
-        # (NOTIFY / in process) it stops at once. A tool then still executing has its outcome
-        # recorded (`steps.tool_call_update`), nothing else it would write is kept.
+    # The cancel ends a running run here, in this transaction: its lease is cleared, so the
+    # worker's next fenced write is refused (RunCancelled) and it stops; told at commit (NOTIFY
+    # / in process) it stops at once. A tool then still executing has its outcome recorded
+    # (`steps.tool_call_update`), nothing else it would write is kept.
+    tell_worker = run.status == RunStatus.RUNNING
+    if getattr(run, "has_children", True) is False:  # read by _lock_run: none in flight
+        return _cancel_together(
+            run, action=action, actor=actor, reason=reason, audit=audit, tell_worker=tell_worker
+        )
+    insert([audit])
+    if tell_worker:
         _notify(CANCEL_CHANNEL, str(run.id))
     return _apply_cancel(run, action=action, actor=actor, reason=reason)
 
 
-def _apply_cancel(run: Run, *, action: str, actor: Actor, reason: str = "") -> Run | None:
-    """End a run now (caller holds thread + run locks); a worker executing it is fenced out."""
+_INTERRUPT_SQL = (
+    "UPDATE runs_run SET status = %s, finished_at = %s, cancel_action = %s,"
+    " cancel_requested_at = %s, cancel_reason = %s, updated_at = %s, last_seq = %s,"
+    " lease_owner = NULL, lease_expires_at = NULL, deadline_at = NULL WHERE id = %s"
+)
+
+
+def _cancel_together(
+    run: Run, *, action: str, actor: Actor, reason: str, audit: AuditEntry, tell_worker: bool
+) -> Run | None:
+    """`_apply_cancel` of a run without sub-agent runs in flight, locked and read under the lock
+    (its `last_seq` is the one to follow): the run's end or deletion, its event, the audit
+    entry, the thread's status and values and the worker's notice in one statement on
+    PostgreSQL (`rows.write_together`; eight statements through `_apply_cancel`)."""
+    notify = tell_worker and _notifies_in_sql()
+    select = "SELECT pg_notify(%s, %s)" if notify else "SELECT 1"
+    select_params = [CANCEL_CHANNEL, str(run.id)] if notify else []
+    result: Run | None
     if action == CancelAction.ROLLBACK:
-        _rollback_locked(run)
-        return None
+        logger.info(
+            "cancel run=%s agent=%s action=rollback attempt=%s", run.id, run.agent_id, run.attempt
+        )
+        writes = [("DELETE FROM runs_run WHERE id = %s", [_uuid_param(run.id)])]
+        writes += insert_statements([audit])
+        if run.thread_id is not None:
+            # Runs on a thread execute one at a time, so its newest checkpoint once this run's
+            # are gone is the state from before it.
+            writes.append(
+                _refresh_threads_statement(
+                    [run.thread_id], values=LATEST_VALUES, ending=run.id, deleting=True
+                )
+            )
+        write_together(writes, select, select_params, connection.alias)
+        _publish(run, status="deleted", seq=run.last_seq + 1)
+        result = None
+    else:
+        now = _interrupted(run, reason)
+        run.last_seq += 1
+        db_time = DateTimeField().get_db_prep_value
+        update = [
+            run.status,
+            db_time(now, connection),
+            run.cancel_action,
+            db_time(run.cancel_requested_at, connection),
+            run.cancel_reason,
+            db_time(now, connection),
+            run.last_seq,
+            _uuid_param(run.id),
+        ]
+        event = RunEvent(
+            run_id=run.id,
+            seq=run.last_seq,
+            kind="cancelled",
+            data={"action": "interrupt", "reason": run.cancel_reason},
+            actor=actor_name(actor),
+        )
+        writes = [(_INTERRUPT_SQL, update), *insert_statements([event])]
+        writes += insert_statements([audit])
+        if run.parent_run_id is None and run.thread_id is not None:
+            # It just ended: the thread's last finished run (idle unless another is in flight).
+            writes.append(
+                _refresh_threads_statement(
+                    [run.thread_id],
+                    values=LATEST_VALUES,
+                    finished_status=RunStatus.INTERRUPTED,
+                    ending=run.id,
+                )
+            )
+        write_together(writes, select, select_params, connection.alias)
+        logger.info(
+            "cancel run=%s agent=%s action=interrupt attempt=%s", run.id, run.agent_id, run.attempt
+        )
+        _announce(run, RunStatus.INTERRUPTED)
+        _publish(run)
+        result = run
+    if tell_worker:
+        _notify_in_process(CANCEL_CHANNEL, str(run.id))
+    return result
+
+
+def _interrupted(run: Run, reason: str) -> datetime:
+    """Set the interrupted run's fields as its row is about to be written; returns the time."""
     now = _now()
     run.status = RunStatus.INTERRUPTED
     run.finished_at = now
@@ -111,6 +201,15 @@ def _apply_cancel(run: Run, *, action: str, actor: Actor, reason: str = "") -> R
     run.cancel_reason = run.cancel_reason or reason
     _clear_lease(run)
     run.updated_at = now
+    return now
+
+
+def _apply_cancel(run: Run, *, action: str, actor: Actor, reason: str = "") -> Run | None:
+    """End a run now (caller holds thread + run locks); a worker executing it is fenced out."""
+    if action == CancelAction.ROLLBACK:
+        _rollback_locked(run)
+        return None
+    now = _interrupted(run, reason)
     # The row and the event's sequence number in one statement (the event follows).
     rows = _update_returning(
         Run.objects.filter(id=run.id),

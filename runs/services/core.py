@@ -19,7 +19,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import DateTimeField, Exists, F, Q, QuerySet
+from django.db.models import DateTimeField, F, Q, QuerySet
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
@@ -46,7 +46,7 @@ from runs.models import (
     Thread,
     ThreadStatus,
 )
-from runs.rows import insert
+from runs.rows import insert, instances
 
 logger = logging.getLogger("runs")
 
@@ -86,6 +86,10 @@ def _is_postgres() -> bool:
     return connection.vendor == "postgresql"
 
 
+def _sql_in(values: Iterable[str]) -> str:
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
+
+
 def _update_returning(
     qs: QuerySet[Any], returning: Sequence[str], **values: object
 ) -> list[tuple[Any, ...]]:
@@ -107,9 +111,19 @@ def _update_returning(
 
 def _notify(channel: str, payload: str = "") -> None:
     # Delivered by PostgreSQL at commit, never before the row is visible.
-    if _is_postgres() and settings.RUNS_NOTIFY:
+    if _notifies_in_sql():
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+    _notify_in_process(channel, payload)
+
+
+def _notifies_in_sql() -> bool:
+    """Whether `_notify` sends a NOTIFY (PostgreSQL): a statement that notifies as part of
+    itself calls `pg_notify` only then, and `_notify_in_process` in any case."""
+    return _is_postgres() and bool(settings.RUNS_NOTIFY)
+
+
+def _notify_in_process(channel: str, payload: str = "") -> None:
     # A worker in this very process (embedded mode, tests) is poked directly after commit.
     if channel == CANCEL_CHANNEL:
         ids = payload.split(",")
@@ -160,7 +174,12 @@ def _insert_events(run_id: UUID, last_seq: int, events: Sequence[Event]) -> None
     )
 
 
-def _audit(
+def _audit(**fields: Any) -> None:
+    """Write an audit entry (`_audit_entry`'s fields)."""
+    insert([_audit_entry(**fields)])
+
+
+def _audit_entry(
     *,
     actor: Actor,
     action: str,
@@ -170,22 +189,19 @@ def _audit(
     before: JSONValue = None,
     after: JSONValue = None,
     thread_id: UUID | None = None,
-) -> None:
-    insert(
-        [
-            AuditEntry(
-                actor=actor_name(actor),
-                action=action,
-                run_id=run.id if run else None,
-                thread_id=run.thread_id if run else thread_id,
-                agent_id=run.agent_id if run else "",
-                resource_id=run.resource_id if run else None,
-                tool_call_id=tool_call_id,
-                reason=reason,
-                before=before,
-                after=after,
-            )
-        ]
+) -> AuditEntry:
+    """The audit entry `_audit` writes, unsaved (for a caller that writes it with more)."""
+    return AuditEntry(
+        actor=actor_name(actor),
+        action=action,
+        run_id=run.id if run else None,
+        thread_id=run.thread_id if run else thread_id,
+        agent_id=run.agent_id if run else "",
+        resource_id=run.resource_id if run else None,
+        tool_call_id=tool_call_id,
+        reason=reason,
+        before=before,
+        after=after,
     )
 
 
@@ -208,6 +224,18 @@ def _uuid_param(value: UUID) -> Any:
     return Run._meta.pk.get_db_prep_value(value, connection)  # a 32-digit hex text on SQLite
 
 
+_LOCK_THREAD_ROW_SQL = {
+    "postgresql": "SELECT * FROM runs_thread WHERE id = %s FOR NO KEY UPDATE",
+    "sqlite": "SELECT * FROM runs_thread WHERE id = %s",
+}
+
+
+def _lock_thread_row(thread_id: UUID) -> Thread | None:
+    """Lock a thread and read it in one statement (what it holds under the lock)."""
+    found = instances(Thread, _LOCK_THREAD_ROW_SQL[connection.vendor], [_uuid_param(thread_id)])
+    return found[0] if found else None
+
+
 def _lock_thread(thread_id: UUID | None) -> None:
     if thread_id is not None:
         with connection.cursor() as cursor:
@@ -215,11 +243,28 @@ def _lock_thread(thread_id: UUID | None) -> None:
             cursor.fetchall()
 
 
-def _lock_run(run_id: UUID, *, known: Run | None = None, rules: Exists | None = None) -> Run:
-    """Lock a run for a decision or a cancel, in the documented order (thread, then run).
+# A run locked and read for a decision or a cancel, written out (the ORM compiled the locking
+# read with its annotation on every call): `has_rules`, whether notification rules may want its
+# events (spares `_announce` a query when none do), and `has_children`, whether it has sub-agent
+# runs in flight.
+_LOCK_RUN_COLUMNS = (
+    "SELECT r.*, EXISTS (SELECT 1 FROM runs_notificationrule n"
+    " WHERE n.active AND n.agent_id = r.agent_id) AS has_rules,"
+    " EXISTS (SELECT 1 FROM runs_run c WHERE c.parent_run_id = r.id"
+    f" AND c.status IN {_sql_in(ACTIVE_STATUSES)}) AS has_children"
+    " FROM runs_run r WHERE r.id = %s"
+)
+_LOCK_RUN_SQL = {
+    "postgresql": f"{_LOCK_RUN_COLUMNS} FOR NO KEY UPDATE OF r",
+    "sqlite": _LOCK_RUN_COLUMNS,  # its IMMEDIATE transaction already holds the writer lock
+}
+
+
+def _lock_run(run_id: UUID, *, known: Run | None = None) -> Run:
+    """Lock a run for a decision or a cancel, in the documented order (thread, then run), and
+    read it with `has_rules` and `has_children` (see _LOCK_RUN_COLUMNS).
 
     `known`: the run as the caller read it (a run never changes thread: no lookup needed).
-    `rules`: annotate `has_rules` with it (spares `_announce` a query when no rule applies).
     """
     if known is not None:
         thread_id = known.thread_id
@@ -228,12 +273,12 @@ def _lock_run(run_id: UUID, *, known: Run | None = None, rules: Exists | None = 
         if thread_id is None and not Run.objects.filter(id=run_id).exists():
             raise NotFound(f"Run {run_id} not found")
     _lock_thread(thread_id)
-    locking = Run.objects.select_for_update(no_key=True, of=("self",)).filter(id=run_id)
-    if rules is not None:
-        locking = locking.annotate(has_rules=rules)
-    run = locking.first()
-    if run is None:
+    found = instances(Run, _LOCK_RUN_SQL[connection.vendor], [_uuid_param(run_id)])
+    if not found:
         raise NotFound(f"Run {run_id} not found")
+    run = found[0]
+    run.has_rules = bool(run.has_rules)  # type: ignore[attr-defined]  # (SQLite: 0 or 1)
+    run.has_children = bool(run.has_children)  # type: ignore[attr-defined]
     return run
 
 
@@ -288,10 +333,6 @@ def _refresh_thread(
 # the ORM: this runs on every create, suspend, resume, cancel and end of a run, and compiling
 # the same UPDATE through Case/Exists/Subquery cost ~4 ms of CPU a call against well under 1 ms
 # to run it. Twin: the `thread` CTE of finish._FINISH_SQL_POSTGRES.
-def _sql_in(values: Iterable[str]) -> str:
-    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
-
-
 _OWN_RUNS = (
     "SELECT 1 FROM runs_run o WHERE o.thread_id = runs_thread.id AND o.parent_run_id IS NULL"
 )
@@ -328,6 +369,29 @@ def _refresh_threads(
     """`_refresh_thread` for many threads in one UPDATE (caller holds their locks)."""
     if not thread_ids:
         return []
+    sql, params = _refresh_threads_statement(
+        thread_ids, values=values, finished_status=finished_status, one_in_flight=one_in_flight
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING status", params)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _refresh_threads_statement(
+    thread_ids: Sequence[UUID],
+    *,
+    values: JSONObject | _Latest | _Unset | None = _UNSET,
+    finished_status: str | None = None,
+    one_in_flight: bool = False,
+    ending: UUID | None = None,
+    deleting: bool = False,
+) -> tuple[str, list[Any]]:
+    """The UPDATE of `_refresh_threads`, (sql, params), for `rows.write_together`.
+
+    `ending`: a run this same statement ends (or, `deleting`, deletes). In one statement
+    (PostgreSQL) the thread's rule would still read it as it was, so it is left out of the
+    rule, and a deleted run's checkpoints out of `LATEST_VALUES` (they go with it); run after
+    the run's own write (SQLite) the statement reads the same either way."""
     if one_in_flight:
         # The caller just parked or queued a run of this thread: busy or interrupted, never
         # the idle/error fallback, so the last finished run need not be looked up.
@@ -341,12 +405,25 @@ def _refresh_threads(
             f"CASE WHEN {_LAST_FINISHED_FAILED} THEN '{ThreadStatus.ERROR}'"
             f" ELSE '{ThreadStatus.IDLE}' END"
         )
+    rule, expires, latest = _THREAD_STATUS_SQL.format(idle=idle), _EXPIRES_SQL, _LATEST_VALUES_SQL
     now = _now()
     db_time = DateTimeField().get_db_prep_value
-    params: list[Any] = [db_time(now, connection), db_time(stateless_expiry(now), connection)]
+    params: list[Any] = []
+    if ending is not None:
+        rule = rule.replace(_OWN_RUNS, f"{_OWN_RUNS} AND o.id <> %s")
+        expires = expires.replace(_OWN_RUNS, f"{_OWN_RUNS} AND o.id <> %s")
+        if deleting:
+            latest = latest.replace("ORDER BY", "AND c.run_id IS DISTINCT FROM %s ORDER BY")
+        params += [_uuid_param(ending)] * rule.count("o.id <> %s")
+    params.append(db_time(now, connection))
+    if ending is not None:
+        params.append(_uuid_param(ending))
+    params.append(db_time(stateless_expiry(now), connection))
     assignments = ""
     if values is LATEST_VALUES:
-        assignments = f', "values" = {_LATEST_VALUES_SQL}'
+        assignments = f', "values" = {latest}'
+        if ending is not None and deleting:
+            params.append(_uuid_param(ending))
     elif values is not _UNSET:
         assignments = ', "values" = %s'
         params.append(Thread._meta.get_field("values").get_db_prep_save(values, connection))
@@ -354,13 +431,11 @@ def _refresh_threads(
     params += [id_prep(t, connection) for t in thread_ids]
     placeholders = ", ".join(["%s"] * len(thread_ids))
     sql = (
-        f"UPDATE runs_thread SET status = {_THREAD_STATUS_SQL.format(idle=idle)},"
-        f" updated_at = %s, expires_at = {_EXPIRES_SQL}{assignments}"
-        f" WHERE id IN ({placeholders}) RETURNING status"
+        f"UPDATE runs_thread SET status = {rule},"
+        f" updated_at = %s, expires_at = {expires}{assignments}"
+        f" WHERE id IN ({placeholders})"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [row[0] for row in cursor.fetchall()]
+    return sql, params
 
 
 def stateless_expiry(now: datetime) -> datetime:

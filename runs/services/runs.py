@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 from uuid import UUID
 
 from django.db import connection, transaction
+from django.db.models import DateTimeField
 
 from runs.contracts import Actor, JSONObject, JSONValue, Lease, actor_name, assistant_uuid
 from runs.engine.registry import get_agent
@@ -16,11 +18,13 @@ from runs.models import (
     TERMINAL_STATUSES,
     MultitaskStrategy,
     Run,
+    RunEvent,
     RunStatus,
     Thread,
+    ThreadStatus,
     ToolCall,
 )
-from runs.rows import insert
+from runs.rows import insert, insert_statements, write_together
 from runs.services.cancel import _cancel_locked
 from runs.services.core import (
     QUEUE_CHANNEL,
@@ -28,16 +32,20 @@ from runs.services.core import (
     _append_events,
     _check_json_size,
     _fence,
-    _insert_events,
     _lock_thread,
+    _lock_thread_row,
+    _notifies_in_sql,
     _notify,
+    _notify_in_process,
     _now,
     _publish,
     _refresh_thread,
+    _sql_in,
+    _uuid_param,
     _validate_choice,
 )
 from runs.services.decisions import thread_resume
-from runs.services.search import search_index_new_run, search_refresh, search_refresh_thread
+from runs.services.search import new_run_document, search_refresh, search_refresh_thread
 from runs.services.threads import _thread_in_scope, thread_create
 from runs.webhooks import validate_url
 
@@ -138,7 +146,7 @@ def run_create(
         else:
             # Read and locked in one statement: what the thread holds now (its metadata),
             # and no other run can be created or end on it until this one is committed.
-            found = Thread.objects.select_for_update(no_key=True).filter(id=thread_id).first()
+            found = _lock_thread_row(thread_id)
             if found is None or (
                 pinned_resource_id is not None and found.resource_id != pinned_resource_id
             ):
@@ -151,18 +159,6 @@ def run_create(
                 )
                 _lock_thread(found.id)
             thread = found
-        _stamp_graph_metadata(thread, agent_id)
-        inflight = list(
-            Run.objects.select_for_update(no_key=True)
-            .filter(
-                thread_id=thread.id,
-                parent_run__isnull=True,
-                status__in=ACTIVE_STATUSES,
-            )
-            .order_by("id")
-        )
-        if inflight and multitask_strategy == MultitaskStrategy.REJECT:
-            raise Conflict(REJECT_MESSAGE, code="thread_busy")
         now = _now()
         run = Run(
             id=run_id or uuid7(),
@@ -176,51 +172,123 @@ def run_create(
             multitask_strategy=multitask_strategy,
             not_before=now + timedelta(seconds=after_seconds) if after_seconds else None,
             webhook=webhook,
-            last_seq=1,  # its first event, written next: no other writer knows the run yet
+            last_seq=1,  # its first event, written with it: no other writer knows the run yet
         )
-        insert([run])
-        _insert_events(
-            run.id,
-            1,
-            [
-                (
-                    "created",
-                    {"input": input, "multitask_strategy": multitask_strategy},
-                    actor_name(actor),
-                )
-            ],
+        created = RunEvent(
+            run_id=run.id,
+            seq=1,
+            kind="created",
+            data={"input": input, "multitask_strategy": multitask_strategy},
+            actor=actor_name(actor),
         )
-        search_index_new_run(run_id=run.id, input=input, thread_metadata=thread.metadata)
-        if inflight and multitask_strategy in (
-            MultitaskStrategy.INTERRUPT,
-            MultitaskStrategy.ROLLBACK,
-        ):
-            for old in inflight:
-                _cancel_locked(
-                    old,
-                    action=multitask_strategy,
-                    actor=actor,
-                    reason=f"replaced by run {run.id} (multitask_strategy={multitask_strategy})",
-                )
-        _refresh_thread(thread.id, one_in_flight=True)  # the new run is queued: busy
-        _notify(QUEUE_CHANNEL)
+        if multitask_strategy in (MultitaskStrategy.INTERRUPT, MultitaskStrategy.ROLLBACK):
+            _create_replacing(run, created, thread, agent_id, actor)
+        else:
+            _create_queued(run, created, thread, agent_id)
         _publish(run)
     return run
+
+
+# The thread's runs in flight besides the one being created (left out by id: in one statement
+# on PostgreSQL the new row is not visible yet, one statement after another on SQLite it is),
+# and whether it had runs before it.
+_QUEUED_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM runs_run o WHERE o.thread_id = %s AND o.parent_run_id IS NULL"
+    f" AND o.id <> %s AND o.status IN {_sql_in(ACTIVE_STATUSES)}),"
+    " EXISTS (SELECT 1 FROM runs_run o WHERE o.thread_id = %s AND o.id <> %s)"
+)
+
+
+def _create_queued(run: Run, created: RunEvent, thread: Thread, agent_id: str) -> None:
+    """Queue a new run behind whatever runs on its thread (enqueue; reject refuses if any):
+    the run, its first event, its search document, the thread's new status and metadata and
+    the workers' wake-up in one statement (`rows.write_together`). Caller holds the thread lock.
+
+    The thread is busy now whatever ran before (the new run is pending), and its expiry stays
+    as it was (an active run never sets it)."""
+    metadata = _stamped_graph_metadata(thread, agent_id)
+    document = new_run_document(run_id=run.id, input=run.input, thread_metadata=metadata)
+    db_time = DateTimeField().get_db_prep_value(_now(), connection)
+    thread_id = _uuid_param(thread.id)
+    run_id = _uuid_param(run.id)
+    thread_update: tuple[str, list[Any]]
+    if metadata is thread.metadata:
+        thread_update = ("UPDATE runs_thread SET status = %s, updated_at = %s WHERE id = %s", [])
+    else:
+        field = Thread._meta.get_field("metadata")
+        thread_update = (
+            "UPDATE runs_thread SET status = %s, updated_at = %s, metadata = %s WHERE id = %s",
+            [field.get_db_prep_save(metadata, connection)],
+        )
+    thread_sql, extra = thread_update
+    thread_params = [ThreadStatus.BUSY.value, db_time, *extra, thread_id]
+    notify = _notifies_in_sql()
+    row = write_together(
+        [
+            *insert_statements([run]),
+            *insert_statements([created]),
+            *insert_statements([document]),
+            (thread_sql, thread_params),
+        ],
+        _QUEUED_SQL + (", pg_notify(%s, %s)" if notify else ""),
+        [thread_id, run_id, thread_id, run_id] + ([QUEUE_CHANNEL, ""] if notify else []),
+        connection.alias,
+    )
+    assert row is not None  # a SELECT without FROM answers one row
+    busy, had_runs = row[0], row[1]
+    if busy and run.multitask_strategy == MultitaskStrategy.REJECT:
+        raise Conflict(REJECT_MESSAGE, code="thread_busy")  # and nothing above is committed
+    if metadata is not thread.metadata:
+        thread.metadata = metadata
+        if had_runs:  # their documents hold the old metadata
+            search_refresh_thread(thread_id=thread.id)
+    _notify_in_process(QUEUE_CHANNEL)
+
+
+def _create_replacing(
+    run: Run, created: RunEvent, thread: Thread, agent_id: str, actor: Actor
+) -> None:
+    """A new run that cancels the runs in flight on its thread (interrupt or rollback)."""
+    _stamp_graph_metadata(thread, agent_id)
+    inflight = list(
+        Run.objects.select_for_update(no_key=True)
+        .filter(thread_id=thread.id, parent_run__isnull=True, status__in=ACTIVE_STATUSES)
+        .order_by("id")
+    )
+    insert([run])
+    insert([created])
+    insert([new_run_document(run_id=run.id, input=run.input, thread_metadata=thread.metadata)])
+    for old in inflight:
+        _cancel_locked(
+            old,
+            action=run.multitask_strategy,
+            actor=actor,
+            reason=f"replaced by run {run.id} (multitask_strategy={run.multitask_strategy})",
+        )
+    _refresh_thread(thread.id, one_in_flight=True)  # the new run is queued: busy
+    _notify(QUEUE_CHANNEL)
 
 
 def _graph_metadata(agent_id: str) -> dict[str, str]:
     return {"graph_id": agent_id, "assistant_id": assistant_uuid(agent_id)}
 
 
-def _stamp_graph_metadata(thread: Thread, agent_id: str) -> None:
-    """Stamp `graph_id` and `assistant_id` into the thread's metadata, as the LangGraph server
-    does, so `threads.search(metadata={"graph_id": …})` finds a graph's threads; keys the
-    caller set are kept. Caller holds the thread lock and read `thread` under it."""
+def _stamped_graph_metadata(thread: Thread, agent_id: str) -> JSONObject:
+    """The thread's metadata with `graph_id` and `assistant_id` stamped in, as the LangGraph
+    server stamps them (so `threads.search(metadata={"graph_id": …})` finds a graph's threads);
+    keys the caller set are kept. The thread's own dict when nothing is missing."""
     wanted = _graph_metadata(agent_id)
-    current = thread.metadata or {}  # read under the lock
+    current = thread.metadata or {}
     missing = {k: v for k, v in wanted.items() if k not in current}
-    if missing:
-        thread.metadata = {**current, **missing}
+    return {**current, **missing} if missing else thread.metadata
+
+
+def _stamp_graph_metadata(thread: Thread, agent_id: str) -> None:
+    """Write `_stamped_graph_metadata` to the thread. Caller holds the thread lock and read
+    `thread` under it."""
+    metadata = _stamped_graph_metadata(thread, agent_id)
+    if metadata is not thread.metadata:
+        thread.metadata = metadata
         # One statement: the new metadata, and whether runs of the thread have documents that
         # hold the old (a thread's first run, the common case, has none to rewrite).
         field = Thread._meta.get_field("metadata")

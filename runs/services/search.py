@@ -19,7 +19,6 @@ from uuid import UUID
 from django.db import connection
 
 from runs.models import Run, RunSearch, ToolCall
-from runs.rows import insert
 
 # PostgreSQL's tsvector holds at most 1 MB: a document is cut well below that (a run's huge
 # output is still found by its first 100,000 characters).
@@ -144,13 +143,13 @@ def search_refresh(*, run_ids: Iterable[UUID]) -> int:
     return len(documents)
 
 
-def search_index_new_run(*, run_id: UUID, input: Any, thread_metadata: Any) -> None:
-    """The document of a run just created in this transaction (no output, error or tool call
-    yet): written from what the caller holds, without reading it back."""
+def new_run_document(*, run_id: UUID, input: Any, thread_metadata: Any) -> RunSearch:
+    """The document of a run being created (no output, error or tool call yet), from what the
+    caller holds, without reading it back; the caller inserts it with the run."""
     document = search_document(
         input=input, output=None, error=None, thread_metadata=thread_metadata, tool_calls=()
     )
-    insert([RunSearch(run_id=run_id, document=document)])
+    return RunSearch(run_id=run_id, document=document)
 
 
 def search_refresh_thread(*, thread_id: UUID) -> int:
