@@ -80,3 +80,75 @@ def test_runs_queued_past_the_free_slots_are_claimed_as_runs_end(claims) -> None
     assert got[:2] == [2, 1], got
     ended = [r for r, status in claims[1][1].items() if status == RunStatus.SUCCESS]
     assert len(ended) == 1  # the second claim came with the first end
+
+
+# --- told of a cancel -------------------------------------------------------------------------
+
+
+def test_a_cancel_says_in_its_notice_that_it_ended_the_run(
+    django_capture_on_commit_callbacks,
+) -> None:
+    from runs.engine import wakeup
+
+    heard: list[list[str]] = []
+
+    class Listener:
+        def wake(self) -> None:
+            pass
+
+        def cancel_requested(self, notices: list[str]) -> None:
+            heard.append(notices)
+
+    listener = Listener()
+    wakeup.register(listener)
+    try:
+        for action in ("interrupt", "rollback"):
+            run = services.run_create(agent_id="slow", thread_id=None, input={}, actor="t")
+            (claimed,) = services.run_claim(owner="w1", limit=1)
+            with django_capture_on_commit_callbacks(execute=True):
+                services.run_cancel(run=claimed.run, action=action, actor="t")
+            assert heard[-1] == [f"{run.id}={action}"]
+    finally:
+        wakeup.unregister(listener)
+
+
+def _running_slow_run(worker: Worker) -> tuple[services.ClaimedRun, Any]:
+    from runs.engine.context import RunControl
+
+    services.run_create(agent_id="slow", thread_id=None, input={}, actor="t")
+    (claimed,) = services.run_claim(owner=worker.owner, limit=1)
+    control = RunControl()
+    worker._active[claimed.lease.run_id] = type(  # what the claim loop registers
+        "Active", (), {"control": control, "lease": claimed.lease}
+    )()
+    return claimed, control
+
+
+@pytest.mark.parametrize("action,outcome", [("interrupt", "interrupted"), ("rollback", "deleted")])
+def test_a_worker_told_the_cancel_was_applied_stops_without_the_database(
+    django_assert_num_queries: Any, action: str, outcome: str
+) -> None:
+    from runs.engine.worker import _stopped
+
+    worker = Worker(owner="w1", concurrency=1)
+    claimed, control = _running_slow_run(worker)
+    services.run_cancel(run=claimed.run, action=action, actor="t")
+    worker.cancel_requested([f"{claimed.lease.run_id}={action}", "not-a-run-id", "x=interrupt"])
+    assert control.cancel and control.cancel_applied == action
+    with django_assert_num_queries(0):
+        assert _stopped(claimed.lease, "cancel", control) == outcome
+
+
+def test_a_bare_run_id_leaves_the_cancel_to_the_worker_to_apply() -> None:
+    """An older version's notice (or a heartbeat's finding): a cancel written on the row but
+    not applied is applied by the worker that stops."""
+    from runs.engine.worker import _stopped
+
+    worker = Worker(owner="w1", concurrency=1)
+    claimed, control = _running_slow_run(worker)
+    Run.objects.filter(id=claimed.lease.run_id).update(cancel_action="interrupt")
+    worker.cancel_requested([str(claimed.lease.run_id)])
+    assert control.cancel and control.cancel_applied is None
+    assert _stopped(claimed.lease, "cancel", control) == RunStatus.INTERRUPTED
+    run = Run.objects.get(id=claimed.lease.run_id)
+    assert run.status == RunStatus.INTERRUPTED and run.lease_owner is None

@@ -47,11 +47,16 @@ class RunControl:
     def __init__(self, deadline: float | None = None):
         self.wake = threading.Event()
         self.cancel = False
+        # The cancel action already applied by the request that cancelled the run (the notice
+        # said so): the run is ended or deleted, nothing is left to write.
+        self.cancel_applied: str | None = None
         self.lost = False
         self.release = False
         self.deadline = deadline  # time.monotonic() value
 
-    def request_cancel(self) -> None:
+    def request_cancel(self, applied: str | None = None) -> None:
+        if applied:
+            self.cancel_applied = applied
         self.cancel = True
         self.wake.set()
 

@@ -35,7 +35,7 @@ from runs.engine.loop import Finished, StepLoop, Suspended, error_of
 from runs.engine.registry import get_agent
 from runs.exceptions import LeaseLost, NotFound, RunCancelled
 from runs.graphs.loader import is_graph_agent
-from runs.models import RunStatus
+from runs.models import CancelAction, RunStatus
 from runs.selectors.notifications import stuck_runs_to_announce
 
 logger = logging.getLogger("runs.worker")
@@ -180,7 +180,16 @@ def _stopped(lease: services.Lease, reason: str, control: RunControl) -> str:
         error = {"error": "TimeoutError", "message": "run exceeded its time limit"}
         return _safely(lambda: _finish(lease, RunStatus.TIMEOUT, error))
 
-    # cancel: the cancel request has normally ended the run already; this only confirms it.
+    # cancel: the request that cancelled the run ended it (or deleted it) in its own
+    # transaction and said so in its notice: nothing to write, nothing to ask.
+    if control.cancel_applied is not None:
+        logger.info("cancelled run=%s attempt=%s; stopped", lease.run_id, lease.attempt)
+        return (
+            "deleted" if control.cancel_applied == CancelAction.ROLLBACK else RunStatus.INTERRUPTED
+        )
+
+    # A cancel the notice did not say was applied (an older version's; a heartbeat's finding):
+    # applied here if it still needs to be.
     def ack() -> str:
         run = services.run_acknowledge_cancel(lease=lease)
         return run.status if run is not None else "deleted"
@@ -251,15 +260,18 @@ class Worker:
     def wake(self) -> None:
         self._wake.set()
 
-    def cancel_requested(self, run_ids: list[str]) -> None:
+    def cancel_requested(self, notices: list[str]) -> None:
+        """Stop the runs named (`services.cancel_notice`: `<run id>=<applied action>`, or a bare
+        run id whose cancel is left to this worker to apply)."""
         with self._lock:
-            for rid in run_ids:
+            for notice in notices:
+                rid, _, applied = notice.partition("=")
                 try:
                     active = self._active.get(UUID(rid))
                 except ValueError:
                     continue
                 if active is not None:
-                    active.control.request_cancel()
+                    active.control.request_cancel(applied=applied or None)
 
     def stop(self) -> None:
         """Stop claiming; in-flight runs stop at their next boundary and are released."""

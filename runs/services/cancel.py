@@ -46,6 +46,7 @@ from runs.services.core import (
     _update_returning,
     _uuid_param,
     _validate_choice,
+    cancel_notice,
     logger,
 )
 from runs.services.notifications import _announce, _rules_of_run
@@ -107,7 +108,7 @@ def _cancel_locked(
         )
     insert([audit])
     if tell_worker:
-        _notify(CANCEL_CHANNEL, str(run.id))
+        _notify(CANCEL_CHANNEL, cancel_notice(run.id, action))
     return _apply_cancel(run, action=action, actor=actor, reason=reason)
 
 
@@ -127,7 +128,7 @@ def _cancel_together(
     PostgreSQL (`rows.write_together`; eight statements through `_apply_cancel`)."""
     notify = tell_worker and _notifies_in_sql()
     select = "SELECT pg_notify(%s, %s)" if notify else "SELECT 1"
-    select_params = [CANCEL_CHANNEL, str(run.id)] if notify else []
+    select_params = [CANCEL_CHANNEL, cancel_notice(run.id, action)] if notify else []
     result: Run | None
     if action == CancelAction.ROLLBACK:
         logger.info(
@@ -187,7 +188,7 @@ def _cancel_together(
         _publish(run)
         result = run
     if tell_worker:
-        _notify_in_process(CANCEL_CHANNEL, str(run.id))
+        _notify_in_process(CANCEL_CHANNEL, cancel_notice(run.id, action))
     return result
 
 
@@ -358,7 +359,7 @@ def _audit_many(runs: Sequence[Run], *, action: str, actor: Actor, reason: str) 
     )
     count = len(runs)
     transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc(count))
-    _notify_cancel_many([r.id for r in runs if r.status == RunStatus.RUNNING])
+    _notify_cancel_many([r.id for r in runs if r.status == RunStatus.RUNNING], action)
 
 
 def _interrupt_many(runs: Sequence[Run], *, actor: Actor, reason: str) -> None:

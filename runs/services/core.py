@@ -583,8 +583,16 @@ def _publish_fenced(lease: Lease, seq: int, status: str = RunStatus.RUNNING) -> 
     )
 
 
-def _notify_cancel_many(run_ids: Sequence[UUID]) -> None:
+def cancel_notice(run_id: UUID, action: str) -> str:
+    """What the cancel channel says of a run whose cancel this transaction applies (ended or
+    deleted it): `<run id>=<action>`. The worker running it then stops without asking the
+    database (`engine/worker.py`); a bare run id (an older version's) asks it to apply one."""
+    return f"{run_id}={action}"
+
+
+def _notify_cancel_many(run_ids: Sequence[UUID], action: str) -> None:
+    """Tell the workers of `run_ids` that this transaction applies their cancel (`action`)."""
     # One notification per batch keeps the payload under PostgreSQL's 8000-byte limit.
-    ids = [str(r) for r in run_ids]
-    for i in range(0, len(ids), 200):
-        _notify(CANCEL_CHANNEL, ",".join(ids[i : i + 200]))
+    notices = [cancel_notice(r, action) for r in run_ids]
+    for i in range(0, len(notices), 150):
+        _notify(CANCEL_CHANNEL, ",".join(notices[i : i + 150]))

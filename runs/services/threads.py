@@ -146,7 +146,7 @@ def thread_delete(*, thread: Thread, actor: Actor) -> None:
         )
         if active:
             # Running work would be orphaned; their workers' fenced writes fail and they stop.
-            _notify_cancel_many(active)
+            _notify_cancel_many(active, CancelAction.ROLLBACK)  # deleted with the thread
         _audit(
             actor=actor,
             action="thread_delete",
