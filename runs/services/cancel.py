@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from django.db import connection, transaction
-from django.db.models import Case, DateTimeField, Exists, F, QuerySet, TextField, Value, When
-from django.db.models.functions import Coalesce
+from django.db.models import DateTimeField, F, QuerySet
 
 from runs import metrics
 from runs.contracts import Actor, BulkCancelResult, actor_name
@@ -21,7 +21,6 @@ from runs.models import (
     Run,
     RunEvent,
     RunStatus,
-    Thread,
 )
 from runs.rows import insert, insert_statements, write_together
 from runs.services.core import (
@@ -30,18 +29,19 @@ from runs.services.core import (
     LEASE_CLEARED,
     _audit,
     _audit_entry,
+    _cancel_payloads,
     _check_scope,
     _clear_lease,
+    _in,
     _insert_events,
     _lock_run,
-    _notifies_in_sql,
+    _lock_runs,
+    _lock_threads,
+    _notified_by_select,
     _notify,
-    _notify_cancel_many,
-    _notify_in_process,
     _now,
     _publish,
     _refresh_thread,
-    _refresh_threads,
     _refresh_threads_statement,
     _update_returning,
     _uuid_param,
@@ -49,7 +49,7 @@ from runs.services.core import (
     cancel_notice,
     logger,
 )
-from runs.services.notifications import _announce, _rules_of_run
+from runs.services.notifications import _announce
 
 
 def run_cancel(
@@ -126,9 +126,9 @@ def _cancel_together(
     (its `last_seq` is the one to follow): the run's end or deletion, its event, the audit
     entry, the thread's status and values and the worker's notice in one statement on
     PostgreSQL (`rows.write_together`; eight statements through `_apply_cancel`)."""
-    notify = tell_worker and _notifies_in_sql()
-    select = "SELECT pg_notify(%s, %s)" if notify else "SELECT 1"
-    select_params = [CANCEL_CHANNEL, cancel_notice(run.id, action)] if notify else []
+    notices = [cancel_notice(run.id, action)] if tell_worker else []
+    told, select_params = _notified_by_select(CANCEL_CHANNEL, notices)
+    select = f"SELECT {', '.join(told) or '1'}"
     result: Run | None
     if action == CancelAction.ROLLBACK:
         logger.info(
@@ -141,7 +141,7 @@ def _cancel_together(
             # are gone is the state from before it.
             writes.append(
                 _refresh_threads_statement(
-                    [run.thread_id], values=LATEST_VALUES, ending=run.id, deleting=True
+                    [run.thread_id], values=LATEST_VALUES, ending=[run.id], deleting=True
                 )
             )
         write_together(writes, select, select_params, connection.alias)
@@ -177,7 +177,7 @@ def _cancel_together(
                     [run.thread_id],
                     values=LATEST_VALUES,
                     finished_status=RunStatus.INTERRUPTED,
-                    ending=run.id,
+                    ending=[run.id],
                 )
             )
         write_together(writes, select, select_params, connection.alias)
@@ -187,14 +187,12 @@ def _cancel_together(
         _announce(run, RunStatus.INTERRUPTED)
         _publish(run)
         result = run
-    if tell_worker:
-        _notify_in_process(CANCEL_CHANNEL, cancel_notice(run.id, action))
     return result
 
 
-def _interrupted(run: Run, reason: str) -> datetime:
+def _interrupted(run: Run, reason: str, now: datetime | None = None) -> datetime:
     """Set the interrupted run's fields as its row is about to be written; returns the time."""
-    now = _now()
+    now = now or _now()
     run.status = RunStatus.INTERRUPTED
     run.finished_at = now
     run.cancel_action = CancelAction.INTERRUPT
@@ -316,20 +314,8 @@ def runs_cancel_many(
     targets = list(qs.order_by("thread_id", "id").values_list("id", "thread_id"))
     with transaction.atomic():
         # Threads, then runs, each locked in id order in one statement (the documented order).
-        thread_ids = sorted({t for _, t in targets if t is not None})
-        if thread_ids:
-            list(
-                Thread.objects.select_for_update(no_key=True)
-                .filter(id__in=thread_ids)
-                .order_by("id")
-                .values_list("id", flat=True)
-            )
-        runs = list(
-            Run.objects.select_for_update(no_key=True)
-            .filter(id__in=[r for r, _ in targets], status__in=ACTIVE_STATUSES)
-            .annotate(has_rules=Exists(_rules_of_run))
-            .order_by("id")
-        )
+        _lock_threads(sorted({t for _, t in targets if t is not None}))
+        runs = _lock_runs([r for r, _ in targets])
         # All of them in a few statements whatever their number (a sweep of hundreds of
         # runaway runs must not take a round trip each).
         if action == CancelAction.ROLLBACK:
@@ -341,61 +327,56 @@ def runs_cancel_many(
     return result
 
 
-def _audit_many(runs: Sequence[Run], *, action: str, actor: Actor, reason: str) -> None:
+def _bulk_cancelled(
+    runs: Sequence[Run], *, action: str, actor: Actor, reason: str
+) -> tuple[list[AuditEntry], tuple[list[str], list[Any]]]:
+    """What every bulk cancel writes besides the runs: their audit entries, and the notices to
+    the workers of the running ones (as expressions for the SELECT of `rows.write_together`)."""
     target = "deleted" if action == CancelAction.ROLLBACK else RunStatus.INTERRUPTED
-    AuditEntry.objects.bulk_create(
-        AuditEntry(
-            actor=actor_name(actor),
+    audits = [
+        _audit_entry(
+            actor=actor,
             action=f"cancel_{action}",
-            run_id=run.id,
-            thread_id=run.thread_id,
-            agent_id=run.agent_id,
-            resource_id=run.resource_id,
+            run=run,
             reason=reason,
             before={"status": run.status},
             after={"status": target},
         )
         for run in runs
-    )
+    ]
     count = len(runs)
     transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc(count))
-    _notify_cancel_many([r.id for r in runs if r.status == RunStatus.RUNNING], action)
+    running = [r.id for r in runs if r.status == RunStatus.RUNNING]
+    return audits, _notified_by_select(CANCEL_CHANNEL, _cancel_payloads(running, action))
+
+
+_INTERRUPT_MANY_SQL = (
+    "UPDATE runs_run SET status = %s, finished_at = %s, cancel_action = %s,"
+    " cancel_requested_at = COALESCE(cancel_requested_at, %s),"
+    " cancel_reason = CASE WHEN cancel_reason = '' THEN %s ELSE cancel_reason END,"
+    " updated_at = %s, last_seq = last_seq + 1,"
+    " lease_owner = NULL, lease_expires_at = NULL, deadline_at = NULL WHERE {runs}"
+)
 
 
 def _interrupt_many(runs: Sequence[Run], *, actor: Actor, reason: str) -> None:
-    """`_apply_cancel(action=interrupt)` for many top-level runs (locked, active) at once."""
+    """`_apply_cancel(action=interrupt)` for many top-level runs (locked, active) at once: the
+    runs, their events and audit entries, their threads and the workers' notices in one
+    statement on PostgreSQL (`rows.write_together`), whatever their number."""
     if not runs:
         return
-    _audit_many(runs, action=CancelAction.INTERRUPT, actor=actor, reason=reason)
-    now = _now()
-    rows = _update_returning(
-        Run.objects.filter(id__in=[r.id for r in runs]),
-        ["id", "last_seq"],
-        status=RunStatus.INTERRUPTED,
-        finished_at=now,
-        cancel_action=CancelAction.INTERRUPT,
-        cancel_requested_at=Coalesce(F("cancel_requested_at"), Value(now)),
-        cancel_reason=Case(
-            When(cancel_reason="", then=Value(reason)),
-            default=F("cancel_reason"),
-            output_field=TextField(),
-        ),
-        updated_at=now,
-        last_seq=F("last_seq") + 1,
-        **LEASE_CLEARED,
+    audits, (told, told_params) = _bulk_cancelled(
+        runs, action=CancelAction.INTERRUPT, actor=actor, reason=reason
     )
-    seqs = dict(rows)
+    now = _now()
+    db_now = DateTimeField().get_db_prep_value(now, connection)
     name = actor_name(actor)
     for run in runs:
-        run.status = RunStatus.INTERRUPTED
-        run.finished_at = now
-        run.cancel_action = CancelAction.INTERRUPT
-        run.cancel_requested_at = run.cancel_requested_at or now
-        run.cancel_reason = run.cancel_reason or reason
-        run.updated_at = now
-        run.last_seq = seqs[run.id]
-        _clear_lease(run)
-    RunEvent.objects.bulk_create(
+        _interrupted(run, reason, now)
+        run.last_seq += 1  # read under the lock: the statement below adds the same one
+    in_runs, run_params = _in("id", [r.id for r in runs])
+    update = [RunStatus.INTERRUPTED, db_now, CancelAction.INTERRUPT, db_now, reason, db_now]
+    events = [
         RunEvent(
             run_id=run.id,
             seq=run.last_seq,
@@ -404,38 +385,63 @@ def _interrupt_many(runs: Sequence[Run], *, actor: Actor, reason: str) -> None:
             actor=name,
         )
         for run in runs
+    ]
+    write_together(
+        [
+            (_INTERRUPT_MANY_SQL.format(runs=in_runs), update + run_params),
+            *insert_statements(events),
+            *insert_statements(audits),
+            *_threads_of(runs, values=LATEST_VALUES, finished_status=RunStatus.INTERRUPTED),
+        ],
+        f"SELECT {', '.join(told) or '1'}",
+        told_params,
+        connection.alias,
     )
-    children = Run.objects.filter(
-        parent_run_id__in=[r.id for r in runs], status__in=ACTIVE_STATUSES
-    )
-    for child in children:
-        _apply_cancel(
-            child, action=CancelAction.INTERRUPT, actor=actor, reason="supervisor cancelled"
-        )
-    _refresh_threads(
-        sorted({r.thread_id for r in runs if r.thread_id is not None}),
-        values=LATEST_VALUES,
-        finished_status=RunStatus.INTERRUPTED,
-    )
+    if any(getattr(r, "has_children", True) for r in runs):
+        for child in Run.objects.filter(
+            parent_run_id__in=[r.id for r in runs], status__in=ACTIVE_STATUSES
+        ):
+            _apply_cancel(
+                child, action=CancelAction.INTERRUPT, actor=actor, reason="supervisor cancelled"
+            )
     for run in runs:
         _announce(run, RunStatus.INTERRUPTED)
         _publish(run)
     logger.info("cancel %d runs action=interrupt by=%s", len(runs), name)
 
 
+def _threads_of(runs: Sequence[Run], **refresh: Any) -> list[tuple[str, list[Any]]]:
+    """The statement refreshing the threads of runs this statement ends (none without one)."""
+    thread_ids = sorted({r.thread_id for r in runs if r.thread_id is not None})
+    if not thread_ids:
+        return []
+    return [_refresh_threads_statement(thread_ids, ending=[r.id for r in runs], **refresh)]
+
+
 def _rollback_many(runs: Sequence[Run], *, actor: Actor, reason: str) -> None:
-    """`_apply_cancel(action=rollback)` for many top-level runs (locked, active) at once."""
+    """`_apply_cancel(action=rollback)` for many top-level runs (locked, active) at once: the
+    runs deleted (with their rows, ON DELETE CASCADE), their audit entries, their threads and
+    the workers' notices in one statement on PostgreSQL (`rows.write_together`)."""
     if not runs:
         return
-    _audit_many(runs, action=CancelAction.ROLLBACK, actor=actor, reason=reason)
+    audits, (told, told_params) = _bulk_cancelled(
+        runs, action=CancelAction.ROLLBACK, actor=actor, reason=reason
+    )
+    in_runs, run_params = _in("id", [r.id for r in runs])
+    write_together(
+        [
+            (f"DELETE FROM runs_run WHERE {in_runs}", run_params),
+            *insert_statements(audits),
+            # Runs on a thread execute one at a time, so the newest checkpoint left on each is
+            # the state from before its run.
+            *_threads_of(runs, values=LATEST_VALUES, deleting=True),
+        ],
+        f"SELECT {', '.join(told) or '1'}",
+        told_params,
+        connection.alias,
+    )
     for run in runs:
         _publish(run, status="deleted", seq=run.last_seq + 1)
-    Run.objects.filter(id__in=[r.id for r in runs]).delete()
-    # Runs on a thread execute one at a time, so the newest checkpoint left on each is the
-    # state from before its run.
-    _refresh_threads(
-        sorted({r.thread_id for r in runs if r.thread_id is not None}), values=LATEST_VALUES
-    )
     logger.info("cancel %d runs action=rollback by=%s", len(runs), actor_name(actor))
 
 

@@ -123,6 +123,19 @@ def _notifies_in_sql() -> bool:
     return _is_postgres() and bool(settings.RUNS_NOTIFY)
 
 
+def _notified_by_select(channel: str, payloads: Sequence[str]) -> tuple[list[str], list[Any]]:
+    """`_notify` of each payload, as expressions for the SELECT of a statement that writes the
+    change (`rows.write_together`): (expressions, their params); none where `_notify` sends no
+    NOTIFY. The in-process pokes are registered here."""
+    for payload in payloads:
+        _notify_in_process(channel, payload)
+    if not _notifies_in_sql():
+        return [], []
+    return ["pg_notify(%s, %s)"] * len(payloads), [
+        p for payload in payloads for p in (channel, payload)
+    ]
+
+
 def _notify_in_process(channel: str, payload: str = "") -> None:
     # A worker in this very process (embedded mode, tests) is poked directly after commit.
     if channel == CANCEL_CHANNEL:
@@ -260,6 +273,34 @@ _LOCK_RUN_SQL = {
 }
 
 
+def _lock_threads(thread_ids: Sequence[UUID]) -> None:
+    """Lock threads in id order (callers pass them sorted), in one statement."""
+    if not thread_ids:
+        return
+    in_threads, params = _in("id", thread_ids)
+    lock = " ORDER BY id FOR NO KEY UPDATE" if _is_postgres() else ""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM runs_thread WHERE {in_threads}{lock}", params)
+        cursor.fetchall()
+
+
+def _lock_runs(run_ids: Sequence[UUID]) -> list[Run]:
+    """Lock the active ones of these runs in id order and read them as `_lock_run` does (with
+    `has_rules` and `has_children`), in one statement. Caller holds their threads' locks."""
+    if not run_ids:
+        return []
+    in_runs, params = _in("r.id", run_ids)
+    sql = _LOCK_RUN_COLUMNS.replace(
+        "r.id = %s", f"{in_runs} AND r.status IN {_sql_in(ACTIVE_STATUSES)}"
+    )
+    sql += " ORDER BY r.id" + (" FOR NO KEY UPDATE OF r" if _is_postgres() else "")
+    runs = instances(Run, sql, params)
+    for run in runs:
+        run.has_rules = bool(run.has_rules)  # type: ignore[attr-defined]  # (SQLite: 0 or 1)
+        run.has_children = bool(run.has_children)  # type: ignore[attr-defined]
+    return runs
+
+
 def _lock_run(run_id: UUID, *, known: Run | None = None) -> Run:
     """Lock a run for a decision or a cancel, in the documented order (thread, then run), and
     read it with `has_rules` and `has_children` (see _LOCK_RUN_COLUMNS).
@@ -383,15 +424,15 @@ def _refresh_threads_statement(
     values: JSONObject | _Latest | _Unset | None = _UNSET,
     finished_status: str | None = None,
     one_in_flight: bool = False,
-    ending: UUID | None = None,
+    ending: Sequence[UUID] = (),
     deleting: bool = False,
 ) -> tuple[str, list[Any]]:
     """The UPDATE of `_refresh_threads`, (sql, params), for `rows.write_together`.
 
-    `ending`: a run this same statement ends (or, `deleting`, deletes). In one statement
-    (PostgreSQL) the thread's rule would still read it as it was, so it is left out of the
-    rule, and a deleted run's checkpoints out of `LATEST_VALUES` (they go with it); run after
-    the run's own write (SQLite) the statement reads the same either way."""
+    `ending`: runs this same statement ends (or, `deleting`, deletes). In one statement
+    (PostgreSQL) the thread's rule would still read them as they were, so they are left out of
+    the rule, and deleted runs' checkpoints out of `LATEST_VALUES` (they go with them); run
+    after the runs' own writes (SQLite) the statement reads the same either way."""
     if one_in_flight:
         # The caller just parked or queued a run of this thread: busy or interrupted, never
         # the idle/error fallback, so the last finished run need not be looked up.
@@ -409,33 +450,48 @@ def _refresh_threads_statement(
     now = _now()
     db_time = DateTimeField().get_db_prep_value
     params: list[Any] = []
-    if ending is not None:
-        rule = rule.replace(_OWN_RUNS, f"{_OWN_RUNS} AND o.id <> %s")
-        expires = expires.replace(_OWN_RUNS, f"{_OWN_RUNS} AND o.id <> %s")
-        if deleting:
-            latest = latest.replace("ORDER BY", "AND c.run_id IS DISTINCT FROM %s ORDER BY")
-        params += [_uuid_param(ending)] * rule.count("o.id <> %s")
+    if ending:
+        left_out, left_out_params = _not_in("o.id", ending)
+        rule = rule.replace(_OWN_RUNS, f"{_OWN_RUNS} AND {left_out}")
+        expires = expires.replace(_OWN_RUNS, f"{_OWN_RUNS} AND {left_out}")
+        params += left_out_params * rule.count(left_out)
     params.append(db_time(now, connection))
-    if ending is not None:
-        params.append(_uuid_param(ending))
+    if ending:
+        params += left_out_params
     params.append(db_time(stateless_expiry(now), connection))
     assignments = ""
     if values is LATEST_VALUES:
+        if ending and deleting:
+            gone, gone_params = _not_in("c.run_id", ending)
+            latest = latest.replace("ORDER BY", f"AND (c.run_id IS NULL OR {gone}) ORDER BY")
+            params += gone_params
         assignments = f', "values" = {latest}'
-        if ending is not None and deleting:
-            params.append(_uuid_param(ending))
     elif values is not _UNSET:
         assignments = ', "values" = %s'
         params.append(Thread._meta.get_field("values").get_db_prep_save(values, connection))
-    id_prep = Thread._meta.get_field("id").get_db_prep_value
-    params += [id_prep(t, connection) for t in thread_ids]
-    placeholders = ", ".join(["%s"] * len(thread_ids))
+    in_threads, thread_params = _in("id", thread_ids)
+    params += thread_params
     sql = (
         f"UPDATE runs_thread SET status = {rule},"
         f" updated_at = %s, expires_at = {expires}{assignments}"
-        f" WHERE id IN ({placeholders})"
+        f" WHERE {in_threads}"
     )
     return sql, params
+
+
+def _in(column: str, ids: Sequence[UUID]) -> tuple[str, list[Any]]:
+    """`column IN (ids)` written for the database: one array parameter on PostgreSQL (the same
+    statement text whatever the number: prepared once), a list of them on SQLite."""
+    if _is_postgres():
+        return f"{column} = ANY(%s)", [list(ids)]
+    return f"{column} IN ({', '.join(['%s'] * len(ids))})", [_uuid_param(i) for i in ids]
+
+
+def _not_in(column: str, ids: Sequence[UUID]) -> tuple[str, list[Any]]:
+    """`column NOT IN (ids)`, as `_in` writes it."""
+    if _is_postgres():
+        return f"{column} <> ALL(%s)", [list(ids)]
+    return f"{column} NOT IN ({', '.join(['%s'] * len(ids))})", [_uuid_param(i) for i in ids]
 
 
 def stateless_expiry(now: datetime) -> datetime:
@@ -592,7 +648,11 @@ def cancel_notice(run_id: UUID, action: str) -> str:
 
 def _notify_cancel_many(run_ids: Sequence[UUID], action: str) -> None:
     """Tell the workers of `run_ids` that this transaction applies their cancel (`action`)."""
+    for payload in _cancel_payloads(run_ids, action):
+        _notify(CANCEL_CHANNEL, payload)
+
+
+def _cancel_payloads(run_ids: Sequence[UUID], action: str) -> list[str]:
     # One notification per batch keeps the payload under PostgreSQL's 8000-byte limit.
     notices = [cancel_notice(r, action) for r in run_ids]
-    for i in range(0, len(notices), 150):
-        _notify(CANCEL_CHANNEL, ",".join(notices[i : i + 150]))
+    return [",".join(notices[i : i + 150]) for i in range(0, len(notices), 150)]
