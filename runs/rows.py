@@ -254,6 +254,24 @@ def insert_statements(objs: Sequence[Model]) -> list[tuple[str, list[Any]]]:
     return statements
 
 
+def update_statement(
+    model: type[Model], changes: dict[str, Any], where: str, where_params: Sequence[Any]
+) -> tuple[str, list[Any]]:
+    """`UPDATE table SET column = value, … WHERE where` for `write_together`: each value
+    prepared by its field as `QuerySet.update` prepares it, one statement text per set of
+    columns (so it is prepared once)."""
+    alias = router.db_for_write(model)
+    connection = connections[alias]
+    meta = model._meta
+    sets, params = [], []
+    for name in sorted(changes):
+        field, column = _column(meta, name)
+        sets.append(f"{connection.ops.quote_name(column)} = %s")
+        params.append(field.get_db_prep_save(changes[name], connection))
+    table = connection.ops.quote_name(meta.db_table)
+    return f"UPDATE {table} SET {', '.join(sets)} WHERE {where}", [*params, *where_params]
+
+
 def write_together(
     writes: Sequence[tuple[str, list[Any]]], select: str, params: Sequence[Any], alias: str
 ) -> tuple[Any, ...] | None:

@@ -5,6 +5,7 @@ by the services; sorting in the URL. Both databases; the full-text specifics on 
 from __future__ import annotations
 
 import io
+import json
 import re
 from datetime import timedelta
 from typing import Any
@@ -405,3 +406,61 @@ def test_a_runs_document_lists_its_calls_in_order_with_their_results(drain, revi
     assert services.search_refresh(run_ids=[run.id]) == 1
     assert RunSearch.objects.get(run=run).document == expected
     assert "result issue_refund" in expected and "refunded true" in expected
+
+
+def _document_as_read(run_id: Any) -> str:
+    """The document `search_document` makes of the run as the ORM reads it now."""
+    from runs.models import ToolCall
+    from runs.services.search import search_document
+
+    run = Run.objects.select_related("thread").get(id=run_id)
+    return search_document(
+        input=run.input,
+        output=run.output,
+        error=run.error,
+        thread_metadata=run.thread.metadata if run.thread else None,
+        tool_calls=ToolCall.objects.filter(run_id=run_id)
+        .order_by("step", "created_at", "id")
+        .values_list("tool_name", "args", "resume_data", "result"),
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_write_of_the_engine_leaves_the_runs_document_as_its_rows_make_it(
+    drain, reviewer
+) -> None:
+    """The step loop's writes carry the run's new document with them (read by their fence,
+    not read back): after each one the stored document is the one the run's rows make."""
+    thread = services.thread_create(metadata={"team": "blue"})
+    echo = services.run_create(agent_id="echo", thread_id=thread.id, input={"q": "x1"}, actor="t")
+    drain()
+    assert Run.objects.get(id=echo.id).status == RunStatus.SUCCESS
+    assert RunSearch.objects.get(run=echo).document == _document_as_read(echo.id)
+    assert "output:" in RunSearch.objects.get(run=echo).document
+
+    refund = services.run_create(
+        agent_id="refund", thread_id=None, input={"order_id": "Q7", "amount": 7}, actor="t"
+    )
+    drain()  # lookup_order ran (its result), issue_refund waits for a reviewer
+    assert Run.objects.get(id=refund.id).status == RunStatus.SUSPENDED
+    document = RunSearch.objects.get(run=refund).document
+    assert document == _document_as_read(refund.id)
+    assert "result lookup_order" in document and "tool issue_refund" in document
+    services.tool_call_approve(run=Run.objects.get(id=refund.id), actor=reviewer)
+    drain()
+    assert Run.objects.get(id=refund.id).status == RunStatus.SUCCESS
+    document = RunSearch.objects.get(run=refund).document
+    assert document == _document_as_read(refund.id)
+    assert "result issue_refund" in document
+
+
+@pytest.mark.postgres
+def test_values_in_hand_list_their_keys_as_postgresql_hands_them_back() -> None:
+    from runs.services.search import as_stored
+
+    value = {"zz": 1, "a": {"été": [1, {"b": 2, "aa": None}], "e": True}, "bb": "x", "ü": 0.5}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s::jsonb::text", [json.dumps(value)])
+        stored = json.loads(cursor.fetchone()[0])
+    assert list(stored) != list(value)  # PostgreSQL reorders them...
+    assert json.dumps(as_stored(value)) == json.dumps(stored)

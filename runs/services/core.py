@@ -178,13 +178,16 @@ def _append_events(run_id: UUID, events: Sequence[Event]) -> int:
 
 def _insert_events(run_id: UUID, last_seq: int, events: Sequence[Event]) -> None:
     """Insert events whose seqs were already reserved (ending at last_seq) by a fenced update."""
+    insert(_event_rows(run_id, last_seq, events))
+
+
+def _event_rows(run_id: UUID, last_seq: int, events: Sequence[Event]) -> list[RunEvent]:
+    """The rows of events whose seqs end at `last_seq` (`_insert_events`'), unsaved."""
     first = last_seq - len(events) + 1
-    insert(
-        [
-            RunEvent(run_id=run_id, seq=first + i, kind=kind, data=data, actor=actor)
-            for i, (kind, data, actor) in enumerate(events)
-        ]
-    )
+    return [
+        RunEvent(run_id=run_id, seq=first + i, kind=kind, data=data, actor=actor)
+        for i, (kind, data, actor) in enumerate(events)
+    ]
 
 
 def _audit(**fields: Any) -> None:
@@ -229,7 +232,7 @@ _LOCK_THREAD_SQL = {
 _FENCE_SQL = """
 UPDATE runs_run SET last_seq = last_seq + %s, updated_at = %s
  WHERE id = %s AND lease_owner = %s AND attempt = %s AND status = 'running'
-RETURNING last_seq, cancel_action
+RETURNING last_seq, cancel_action{more}
 """
 
 
@@ -294,11 +297,21 @@ def _lock_runs(run_ids: Sequence[UUID]) -> list[Run]:
         "r.id = %s", f"{in_runs} AND r.status IN {_sql_in(ACTIVE_STATUSES)}"
     )
     sql += " ORDER BY r.id" + (" FOR NO KEY UPDATE OF r" if _is_postgres() else "")
-    runs = instances(Run, sql, params)
-    for run in runs:
-        run.has_rules = bool(run.has_rules)  # type: ignore[attr-defined]  # (SQLite: 0 or 1)
-        run.has_children = bool(run.has_children)  # type: ignore[attr-defined]
-    return runs
+    return _with_flags(instances(Run, sql, params))
+
+
+def _lock_newest_suspended_run(thread_id: UUID) -> Run | None:
+    """Lock and read (as `_lock_run`) the thread's newest suspended top-level run, if any, in
+    one statement. Caller holds the thread's lock."""
+    sql = _LOCK_RUN_COLUMNS.replace(
+        "r.id = %s",
+        f"r.thread_id = %s AND r.status = '{RunStatus.SUSPENDED}' AND r.parent_run_id IS NULL",
+    )
+    sql += " ORDER BY r.suspended_at DESC, r.id DESC LIMIT 1"
+    if _is_postgres():
+        sql += " FOR NO KEY UPDATE OF r"
+    found = _with_flags(instances(Run, sql, [_uuid_param(thread_id)]))
+    return found[0] if found else None
 
 
 def _lock_run(run_id: UUID, *, known: Run | None = None) -> Run:
@@ -314,13 +327,18 @@ def _lock_run(run_id: UUID, *, known: Run | None = None) -> Run:
         if thread_id is None and not Run.objects.filter(id=run_id).exists():
             raise NotFound(f"Run {run_id} not found")
     _lock_thread(thread_id)
-    found = instances(Run, _LOCK_RUN_SQL[connection.vendor], [_uuid_param(run_id)])
+    found = _with_flags(instances(Run, _LOCK_RUN_SQL[connection.vendor], [_uuid_param(run_id)]))
     if not found:
         raise NotFound(f"Run {run_id} not found")
-    run = found[0]
-    run.has_rules = bool(run.has_rules)  # type: ignore[attr-defined]  # (SQLite: 0 or 1)
-    run.has_children = bool(run.has_children)  # type: ignore[attr-defined]
-    return run
+    return found[0]
+
+
+def _with_flags(runs: list[Run]) -> list[Run]:
+    """`has_rules` and `has_children` (read by _LOCK_RUN_COLUMNS) as booleans (SQLite: 0, 1)."""
+    for run in runs:
+        run.has_rules = bool(run.has_rules)  # type: ignore[attr-defined]
+        run.has_children = bool(run.has_children)  # type: ignore[attr-defined]
+    return runs
 
 
 def _newest_checkpoints(thread_id: UUID) -> QuerySet[Checkpoint]:
@@ -426,14 +444,19 @@ def _refresh_threads_statement(
     one_in_flight: bool = False,
     ending: Sequence[UUID] = (),
     deleting: bool = False,
+    suspending: bool = False,
 ) -> tuple[str, list[Any]]:
     """The UPDATE of `_refresh_threads`, (sql, params), for `rows.write_together`.
 
     `ending`: runs this same statement ends (or, `deleting`, deletes). In one statement
     (PostgreSQL) the thread's rule would still read them as they were, so they are left out of
     the rule, and deleted runs' checkpoints out of `LATEST_VALUES` (they go with them); run
-    after the runs' own writes (SQLite) the statement reads the same either way."""
-    if one_in_flight:
+    after the runs' own writes (SQLite) the statement reads the same either way.
+    `suspending`: the `ending` runs are parked for a human (interrupted unless another run is
+    in flight; the thread does not expire while one waits)."""
+    if suspending:
+        idle = f"'{ThreadStatus.INTERRUPTED}'"
+    elif one_in_flight:
         # The caller just parked or queued a run of this thread: busy or interrupted, never
         # the idle/error fallback, so the last finished run need not be looked up.
         idle = f"'{ThreadStatus.IDLE}'"
@@ -456,9 +479,12 @@ def _refresh_threads_statement(
         expires = expires.replace(_OWN_RUNS, f"{_OWN_RUNS} AND {left_out}")
         params += left_out_params * rule.count(left_out)
     params.append(db_time(now, connection))
-    if ending:
-        params += left_out_params
-    params.append(db_time(stateless_expiry(now), connection))
+    if suspending:
+        expires = "expires_at"
+    else:
+        if ending:
+            params += left_out_params
+        params.append(db_time(stateless_expiry(now), connection))
     assignments = ""
     if values is LATEST_VALUES:
         if ending and deleting:
@@ -563,16 +589,7 @@ def _fence(lease: Lease, *, events: int = 0, **changes: object) -> FenceResult:
     the run's row lock for the rest of the transaction, and applies `changes` to the row.
     """
     if not changes:  # the usual fence, written out (the same statement the ORM compiles)
-        updated_at = DateTimeField().get_db_prep_value(_now(), connection)
-        with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
-            cursor.execute(
-                _FENCE_SQL,
-                [events, updated_at, _uuid_param(lease.run_id), lease.owner, lease.attempt],
-            )
-            row = cursor.fetchone()
-        if row is None:
-            raise _lease_lost(lease)
-        return FenceResult(last_seq=row[0], cancel_action=row[1])
+        return _fence_returning(lease, events=events)[0]
     rows = _update_returning(
         Run.objects.filter(
             id=lease.run_id,
@@ -588,6 +605,23 @@ def _fence(lease: Lease, *, events: int = 0, **changes: object) -> FenceResult:
     if not rows:
         raise _lease_lost(lease)
     return FenceResult(last_seq=rows[0][0], cancel_action=rows[0][1])
+
+
+def _fence_returning(
+    lease: Lease, *, events: int = 0, more: str = ""
+) -> tuple[FenceResult, tuple[Any, ...]]:
+    """`_fence` (without changes), also returning `more`: further columns of the run's row,
+    or subqueries over it (`runs_run`), read under the lock the fence takes."""
+    updated_at = DateTimeField().get_db_prep_value(_now(), connection)
+    with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
+        cursor.execute(
+            _FENCE_SQL.format(more=f", {more}" if more else ""),
+            [events, updated_at, _uuid_param(lease.run_id), lease.owner, lease.attempt],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise _lease_lost(lease)
+    return FenceResult(last_seq=row[0], cancel_action=row[1]), tuple(row[2:])
 
 
 def _lease_lost(lease: Lease) -> LeaseLost:

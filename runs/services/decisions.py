@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import DateTimeField
 
 from runs import metrics
 from runs.contracts import Actor, JSONObject, JSONValue, actor_name
@@ -18,36 +20,46 @@ from runs.models import (
     Run,
     RunStatus,
     Thread,
+    ThreadStatus,
     ToolCall,
     ToolCallStatus,
 )
+from runs.rows import insert, insert_statements, instances, update_statement, write_together
 from runs.services import conventions
 from runs.services.cancel import _cancel_locked
 from runs.services.claims import check_claim
 from runs.services.core import (
     QUEUE_CHANNEL,
     _append_events,
-    _audit,
+    _audit_entry,
     _check_json_size,
     _check_scope,
+    _event_rows,
+    _lock_newest_suspended_run,
     _lock_run,
     _lock_thread,
+    _notified_by_select,
     _notify,
     _now,
     _publish,
     _refresh_thread,
+    _sql_in,
+    _uuid_param,
     logger,
 )
 from runs.services.search import search_refresh
 from runs.validation import schema_errors
 
+_WAITING_SQL = (
+    "SELECT * FROM runs_toolcall WHERE run_id = %s"
+    f" AND status IN {_sql_in(PENDING_DECISION_STATUSES)} ORDER BY created_at, id"
+)
+
 
 def _waiting_calls(run: Run) -> list[ToolCall]:
-    return list(
-        ToolCall.objects.select_for_update(no_key=True)
-        .filter(run=run, status__in=PENDING_DECISION_STATUSES)
-        .order_by("created_at", "id")
-    )
+    """The run's calls waiting for a human, locked (caller holds the run's lock)."""
+    lock = " FOR NO KEY UPDATE" if connection.vendor == "postgresql" else ""
+    return instances(ToolCall, _WAITING_SQL + lock, [_uuid_param(run.id)])
 
 
 def _pick_tool_call(run: Run, tool_call_id: str | None, decided_verb: str) -> ToolCall:
@@ -198,6 +210,7 @@ def thread_resume(*, thread: Thread, resume: JSONValue, actor: Actor) -> Run:
     with transaction.atomic():
         run = _lock_suspended_run_of(thread)
         waiting = _waiting_calls(run)
+        writes = _deferred(run, waiting)
         # The Agent Inbox's [HumanResponse] list, or LangChain's {"decisions": [...]}.
         in_convention = conventions.parse(waiting, resume, _tool_parameters(run, waiting))
         if in_convention is not None:
@@ -235,7 +248,15 @@ def thread_resume(*, thread: Thread, resume: JSONValue, actor: Actor) -> Run:
                     args = value.get("args")
                     if args is not None:
                         _validate_edited_args(run, tc, args)
-                    _decide(run, tc, decision="approved", actor=actor, args=args, comment=comment)
+                    _decide(
+                        run,
+                        tc,
+                        decision="approved",
+                        actor=actor,
+                        args=args,
+                        comment=comment,
+                        writes=writes,
+                    )
                 elif comment:
                     raise ValidationFailed.field(
                         f"resume.{tc.tool_call_id}.comment",
@@ -248,27 +269,23 @@ def thread_resume(*, thread: Thread, resume: JSONValue, actor: Actor) -> Run:
                         decision="declined",
                         actor=actor,
                         reason=str(value.get("reason") or ""),
+                        writes=writes,
                     )
             else:
                 _validate_resume_data(tc, value)
-                _decide(run, tc, decision="answered", actor=actor, resume_data=value)
-        return _after_decision(run, actor)
+                _decide(run, tc, decision="answered", actor=actor, resume_data=value, writes=writes)
+        return _after_decision(run, actor, writes=writes, waiting=waiting)
 
 
 def _lock_suspended_run_of(thread: Thread) -> Run:
     """Lock the thread, then its suspended top-level run (Conflict when there is none)."""
     _lock_thread(thread.id)
-    run_id = (
-        Run.objects.filter(thread=thread, status=RunStatus.SUSPENDED, parent_run__isnull=True)
-        .order_by("-suspended_at", "-id")
-        .values_list("id", flat=True)
-        .first()
-    )
-    if run_id is None:
+    run = _lock_newest_suspended_run(thread.id)
+    if run is None:
         raise Conflict(
             f"Thread {thread.id} has no suspended run to resume", code="nothing_to_resume"
         )
-    return _lock_run(run_id)
+    return run
 
 
 def _tool_parameters(run: Run, waiting: list[ToolCall]) -> dict[str, dict[str, Any] | None]:
@@ -369,6 +386,7 @@ def _decide(
     carry_down: bool = True,
     carried_from: Run | None = None,
     via: str = "",
+    writes: _Writes | None = None,
 ) -> None:
     """Record one decision on a waiting tool call (caller holds the run lock).
 
@@ -376,6 +394,9 @@ def _decide(
 
     On a delegation call (`child_run` set) the decision is carried down to the sub-agent's
     waiting calls unless it came up from there (`carry_down=False`).
+
+    `writes` (`_deferred`): the call's row, the event and the audit entry are collected there
+    and written by `_after_decision` in one statement, instead of four or five now.
     """
     now = _now()
     before = {"status": tc.status, "args": tc.args}
@@ -393,9 +414,20 @@ def _decide(
     else:
         tc.status = ToolCallStatus.ANSWERED
         tc.resume_data = resume_data
-    tc.save()
-    if tc.original_args is not None or resume_data is not None:
-        search_refresh(run_ids=[tc.run_id])  # edited arguments or an answer
+    if writes is not None:
+        writes.statements.append(
+            update_statement(
+                ToolCall,
+                {name: getattr(tc, name) for name in _DECIDED_COLUMNS},
+                "id = %s",
+                [_uuid_param(tc.id)],
+            )
+        )
+        writes.document |= tc.original_args is not None or resume_data is not None
+    else:
+        tc.save()
+        if tc.original_args is not None or resume_data is not None:
+            search_refresh(run_ids=[tc.run_id])  # edited arguments or an answer
     transaction.on_commit(lambda: _count_decision(decision, tc.suspended_at, now))
     data: JSONObject = {
         "tool_call_id": tc.tool_call_id,
@@ -415,8 +447,13 @@ def _decide(
         data["carried_from_run_id"] = str(carried_from.id)
     if via:
         data["via"] = via
-    run.last_seq = _append_events(run.id, [("decision", data, actor_name(actor))])
-    _audit(
+    event = ("decision", data, actor_name(actor))
+    if writes is not None:
+        run.last_seq += 1  # read under the lock; `_after_decision` writes it
+        writes.statements += insert_statements(_event_rows(run.id, run.last_seq, [event]))
+    else:
+        run.last_seq = _append_events(run.id, [event])
+    audit = _audit_entry(
         actor=actor,
         action={"approved": "approve", "declined": "decline", "answered": "answer"}[decision],
         run=run,
@@ -432,6 +469,10 @@ def _decide(
             **({"via": via} if via else {}),
         },
     )
+    if writes is not None:
+        writes.statements += insert_statements([audit])
+    else:
+        insert([audit])
     logger.info(
         "decision run=%s tool_call=%s %s by=%s",
         run.id,
@@ -515,8 +556,15 @@ def _release_decided(run: Run, actor: Actor) -> None:
     _publish(run)
 
 
-def _after_decision(run: Run, actor: Actor) -> Run:
-    """After a decision on `run`: continue it when nothing is left waiting (and its parents)."""
+def _after_decision(
+    run: Run, actor: Actor, *, writes: _Writes | None = None, waiting: Sequence[ToolCall] = ()
+) -> Run:
+    """After a decision on `run`: continue it when nothing is left waiting (and its parents).
+
+    With `writes` (`_deferred`; `waiting`: the run's calls that were waiting, as decided in
+    hand) the decisions and what follows them are written in one statement."""
+    if writes is not None:
+        return _after_deferred(run, actor, writes, waiting)
     if _waiting_calls(run):
         _publish(run)
         return run
@@ -554,4 +602,73 @@ def _after_decision(run: Run, actor: Actor) -> Run:
         _refresh_thread(top.thread_id, one_in_flight=True)
         _notify(QUEUE_CHANNEL)
     run.refresh_from_db()
+    return run
+
+
+# The columns a decision changes on a tool call (`_decide`).
+_DECIDED_COLUMNS = (
+    "status",
+    "decided_by",
+    "decided_at",
+    "decision_reason",
+    "decision_comment",
+    "args",
+    "original_args",
+    "resume_data",
+)
+
+
+@dataclass
+class _Writes:
+    """The decisions on one run, collected to be written together (`_after_deferred`)."""
+
+    statements: list[tuple[str, list[Any]]] = field(default_factory=list)
+    document: bool = False  # an edit or an answer: the run's search document changes
+
+
+def _deferred(run: Run, waiting: list[ToolCall]) -> _Writes | None:
+    """Collect the decisions on `run` to write them together, when nothing but the run and its
+    calls takes part (a top-level run; no call delegated to a sub-agent run)."""
+    if run.parent_run_id is not None or any(tc.child_run_id is not None for tc in waiting):
+        return None
+    return _Writes()
+
+
+_RUN_DECIDED_SQL = "UPDATE runs_run SET status = %s, last_seq = %s, updated_at = %s WHERE id = %s"
+
+
+def _after_deferred(run: Run, actor: Actor, writes: _Writes, waiting: Sequence[ToolCall]) -> Run:
+    """`_after_decision` of decisions collected in `writes`: the calls, events and audit
+    entries, the run (pending again once nothing waits, with its `resumed` event), its thread
+    (busy: the run is queued) and the workers' wake-up, in one statement on PostgreSQL."""
+    now = _now()
+    db_now = DateTimeField().get_db_prep_value(now, connection)
+    released = not any(tc.status in PENDING_DECISION_STATUSES for tc in waiting)
+    told: list[str] = []
+    told_params: list[Any] = []
+    if released:
+        run.status = RunStatus.PENDING
+        run.last_seq += 1
+        writes.statements += insert_statements(
+            _event_rows(run.id, run.last_seq, [("resumed", {}, actor_name(actor))])
+        )
+    run.updated_at = now
+    writes.statements.append(
+        (_RUN_DECIDED_SQL, [run.status, run.last_seq, db_now, _uuid_param(run.id)])
+    )
+    if released:
+        if run.thread_id is not None:
+            writes.statements.append(
+                (
+                    "UPDATE runs_thread SET status = %s, updated_at = %s WHERE id = %s",
+                    [ThreadStatus.BUSY.value, db_now, _uuid_param(run.thread_id)],
+                )
+            )
+        told, told_params = _notified_by_select(QUEUE_CHANNEL, [""])
+    write_together(
+        writes.statements, f"SELECT {', '.join(told) or '1'}", told_params, connection.alias
+    )
+    if writes.document:
+        search_refresh(run_ids=[run.id])  # edited arguments or an answer
+    _publish(run)
     return run

@@ -44,7 +44,7 @@ from runs.services.core import (
     stateless_expiry,
 )
 from runs.services.notifications import _announce, _rules_of_run
-from runs.services.search import search_refresh
+from runs.services.search import search_refresh, source_columns, source_of
 from runs.services.steps import _step_event, _write_steps
 
 
@@ -131,6 +131,9 @@ WITH f AS (
     SELECT %(run)s, f.last_seq - %(n_events)s + x.n, x.kind, x.data, x.actor, %(now)s
       FROM f, ROWS FROM (jsonb_to_recordset(%(events)s::jsonb) AS (kind text, data jsonb, actor text))
            WITH ORDINALITY AS x(kind, data, actor, n)
+), doc AS (
+    INSERT INTO runs_runsearch (run_id, document) SELECT %(run)s, %(document)s FROM f
+    ON CONFLICT (run_id) DO UPDATE SET document = EXCLUDED.document
 ), thread AS (
     -- The run's own row still reads `running` in this statement's snapshot: leave it out.
     UPDATE runs_thread
@@ -157,6 +160,15 @@ SELECT last_seq, cancel_action, announce FROM f
 """
 
 
+# The thread locked (the end takes it: thread, then run), and what the run's document is made of
+# read, in one statement; the run's row itself is locked by the end's fenced UPDATE.
+_LOCK_THREAD_READ_SOURCE = """
+SELECT {source} FROM runs_thread t JOIN runs_run r ON r.thread_id = t.id
+ WHERE t.id = %s AND r.id = %s
+   FOR NO KEY UPDATE OF t
+"""
+
+
 def _finish_success_postgres(
     lease: Lease,
     output: JSONValue,
@@ -164,8 +176,9 @@ def _finish_success_postgres(
     steps: Sequence[StepWrite],
     all_events: Sequence[Event],
 ) -> FenceResult:
-    """The common end of a run as two statements: lock the thread, then one statement that
-    fences and ends the run, writes its last steps and events, and updates the thread."""
+    """The common end of a run as two statements: lock the thread (reading what the run's
+    search document is made of), then one statement that fences and ends the run, writes its
+    last steps, events and document, and updates the thread."""
     now = _now()
     params: dict[str, UUID | str | int | datetime | None] = {
         "run": lease.run_id,
@@ -195,15 +208,26 @@ def _finish_success_postgres(
         ),
     }
     with transaction.atomic():
-        _lock_thread(lease.thread_id)
         with connection.cursor() as cursor:
+            cursor.execute(
+                _LOCK_THREAD_READ_SOURCE.format(source=source_columns("r")),
+                [
+                    lease.thread_id,
+                    lease.run_id,
+                ],
+            )
+            found = cursor.fetchone()
+            if found is None:  # the run was deleted (with its thread or by a rollback)
+                raise _lease_lost(lease)
+            source = source_of(lease.run_id, found)
+            source.ended(output=output)
+            params["document"] = source.document()
             cursor.execute(_FINISH_SQL_POSTGRES, params)
             row = cursor.fetchone()
         if row is None:
             raise _lease_lost(lease)
         if row[2]:
             _announce(lease.run_id, RunStatus.SUCCESS)
-        search_refresh(run_ids=[lease.run_id])
         _publish_fenced(lease, row[0], status=RunStatus.SUCCESS)
     return FenceResult(last_seq=row[0], cancel_action=row[1])
 

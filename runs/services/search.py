@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -141,6 +142,127 @@ def search_refresh(*, run_ids: Iterable[UUID]) -> int:
             update_fields=["document"],
         )
     return len(documents)
+
+
+@dataclass
+class DocumentSource:
+    """What a run's document is made of, read by the statement that fences (or locks) a write
+    to the run, so that the write can carry the run's new document with it instead of reading
+    it back afterwards (`search_refresh`'s two statements). `calls` are
+    [tool_call_id, tool_name, args, resume_data, result] in the document's order."""
+
+    run_id: UUID
+    input: Any
+    output: Any
+    error: Any
+    thread_metadata: Any
+    calls: list[list[Any]] = field(default_factory=list)
+
+    def ended(self, *, output: Any = None, error: Any = None) -> None:
+        """The run ends in this write, with `output` or `error`."""
+        self.output, self.error = as_stored(output), as_stored(error)
+
+    def call_changed(self, tool_call_id: str, **changes: Any) -> None:
+        """A call of the run changes in this write (`args`, `resume_data` or `result`)."""
+        position = {"args": 2, "resume_data": 3, "result": 4}
+        for call in self.calls:
+            if call[0] == tool_call_id:
+                for name, value in changes.items():
+                    call[position[name]] = as_stored(value)
+
+    def calls_added(self, calls: Iterable[ToolCall]) -> None:
+        """Calls this write creates, after the run's others (a later step, created later)."""
+        for tc in calls:
+            self.calls.append(
+                [
+                    tc.tool_call_id,
+                    tc.tool_name,
+                    as_stored(tc.args),
+                    as_stored(tc.resume_data),
+                    as_stored(tc.result),
+                ]
+            )
+
+    def document(self) -> str:
+        return search_document(
+            input=self.input,
+            output=self.output,
+            error=self.error,
+            thread_metadata=self.thread_metadata,
+            tool_calls=[tuple(call[1:]) for call in self.calls],
+        )
+
+    def statement(self) -> tuple[str, list[Any]]:
+        """The upsert of the run's document, for `rows.write_together`."""
+        return _WRITE_ONE, [_pk(self.run_id), self.document()]
+
+
+# What a document is made of, as columns of a statement over the run's row (`{run}`): a fence's
+# RETURNING on PostgreSQL, a SELECT on SQLite (one read more there, where reads cost nothing).
+_SOURCE_POSTGRES = """{run}.input, {run}.output, {run}.error,
+       (SELECT t.metadata FROM runs_thread t WHERE t.id = {run}.thread_id),
+       (SELECT COALESCE(jsonb_agg(jsonb_build_array(tc.tool_call_id, tc.tool_name, tc.args,
+                                                    tc.resume_data, tc.result)
+                                  ORDER BY tc.step, tc.created_at, tc.id), '[]'::jsonb)
+          FROM runs_toolcall tc WHERE tc.run_id = {run}.id)"""
+_WRITE_ONE = (
+    "INSERT INTO runs_runsearch (run_id, document) VALUES (%s, %s)"
+    " ON CONFLICT (run_id) DO UPDATE SET document = EXCLUDED.document"
+)
+
+
+def as_stored(value: Any) -> Any:
+    """A JSON value as the database hands it back: on PostgreSQL, jsonb keeps an object's keys
+    shorter first, then by their bytes (and the last of duplicate keys), so a document made of
+    values in hand lists their words as one made of the stored row does."""
+    if connection.vendor != "postgresql":
+        return value
+    return _jsonb_order(value)
+
+
+def _jsonb_order(value: Any) -> Any:
+    if isinstance(value, dict):
+        keys = sorted(value, key=lambda k: (len(str(k).encode()), str(k).encode()))
+        return {str(k): _jsonb_order(value[k]) for k in keys}
+    if isinstance(value, list | tuple):
+        return [_jsonb_order(item) for item in value]
+    return value
+
+
+def source_columns(run: str) -> str | None:
+    """The columns `source_of` reads, over the run's row named `run` (PostgreSQL); None
+    elsewhere (`source_read` reads them)."""
+    return _SOURCE_POSTGRES.format(run=run) if connection.vendor == "postgresql" else None
+
+
+def source_of(run_id: UUID, values: Sequence[Any]) -> DocumentSource:
+    """The `DocumentSource` of the five `source_columns` values (JSON as text)."""
+    input, output, error, metadata, calls = (
+        json.loads(v) if isinstance(v, str) else v for v in values
+    )
+    return DocumentSource(run_id, input, output, error, metadata, [list(c) for c in calls])
+
+
+def source_read(run_id: UUID) -> DocumentSource | None:
+    """The `DocumentSource` of a run, read on its own (where a fence cannot return it)."""
+    row = (
+        Run.objects.filter(id=run_id)
+        .values_list("input", "output", "error", "thread__metadata")
+        .first()
+    )
+    if row is None:
+        return None
+    calls = [
+        list(c)
+        for c in ToolCall.objects.filter(run_id=run_id)
+        .order_by("step", "created_at", "id")
+        .values_list("tool_call_id", "tool_name", "args", "resume_data", "result")
+    ]
+    return DocumentSource(run_id, *row, calls)
+
+
+def _pk(run_id: UUID) -> Any:
+    return Run._meta.pk.get_db_prep_value(run_id, connection)
 
 
 def new_run_document(*, run_id: UUID, input: Any, thread_metadata: Any) -> RunSearch:

@@ -31,14 +31,16 @@ from runs.models import (
     ToolCall,
     ToolCallStatus,
 )
-from runs.rows import insert, instances
+from runs.rows import insert, insert_statements, instances, update_statement, write_together
 from runs.services.cancel import _apply_cancel
 from runs.services.core import (
     _UNSET,
     LEASE_CLEARED,
     _check_json_size,
     _complete_lease,
+    _event_rows,
     _fence,
+    _fence_returning,
     _insert_events,
     _latest_thread_values,
     _lock_thread,
@@ -46,13 +48,21 @@ from runs.services.core import (
     _publish,
     _publish_fenced,
     _refresh_thread,
+    _refresh_threads_statement,
     _Unset,
     _update_returning,
+    _uuid_param,
     logger,
 )
 from runs.services.notifications import _announce
 from runs.services.review_deadlines import review_deadline_fields
-from runs.services.search import search_refresh
+from runs.services.search import (
+    DocumentSource,
+    search_refresh,
+    source_columns,
+    source_of,
+    source_read,
+)
 
 
 def _step_event(w: StepWrite) -> Event:
@@ -60,20 +70,38 @@ def _step_event(w: StepWrite) -> Event:
 
 
 def _write_steps(lease: Lease, steps: Sequence[StepWrite]) -> None:
-    insert(
-        [
-            Checkpoint(
-                id=w.id,
-                thread_id=lease.thread_id if lease.parent_run_id is None else None,
-                run_id=lease.run_id,
-                parent_id=w.parent_id,
-                step=w.step,
-                values=w.values,
-                pending=w.pending,
-            )
-            for w in steps
-        ]
-    )
+    insert(_checkpoint_rows(lease, steps))
+
+
+def _checkpoint_rows(lease: Lease, steps: Sequence[StepWrite]) -> list[Checkpoint]:
+    return [
+        Checkpoint(
+            id=w.id,
+            thread_id=lease.thread_id if lease.parent_run_id is None else None,
+            run_id=lease.run_id,
+            parent_id=w.parent_id,
+            step=w.step,
+            values=w.values,
+            pending=w.pending,
+        )
+        for w in steps
+    ]
+
+
+def _fence_for_write(
+    lease: Lease, *, events: int, document: bool
+) -> tuple[FenceResult, DocumentSource | None]:
+    """`_fence`, and when the write changes the run's search document (`document`), what the
+    document is made of: read by the fence itself on PostgreSQL, so the write carries the new
+    document instead of reading it back afterwards; a read of its own on SQLite."""
+    if not document:
+        return _fence(lease, events=events), None
+    columns = source_columns("runs_run")
+    if columns is None:
+        fence = _fence(lease, events=events)
+        return fence, source_read(lease.run_id)
+    fence, values = _fence_returning(lease, events=events, more=columns)
+    return fence, source_of(lease.run_id, values)
 
 
 def run_save_steps(
@@ -90,19 +118,31 @@ def run_save_steps(
     step that follows it is what the loop writes next, with no other work in between). A new
     call with status `running` is one the loop runs right after this write. The FenceResult
     carries the created tool calls as written.
+
+    Two statements on PostgreSQL: the fence (reading what the run's document is made of, when
+    the write changes it), then every row of the write (`rows.write_together`).
     """
     lease = _complete_lease(lease)
     outcome_events = [outcome.event] if outcome is not None else []
     all_events = [*outcome_events, *events, *(_step_event(w) for w in steps)]
     try:
         with transaction.atomic():
-            fence = _fence(lease, events=len(all_events))
+            fence, source = _fence_for_write(
+                lease, events=len(all_events), document=bool(new_tool_calls or outcome)
+            )
+            writes = []
             if outcome is not None:
                 update = _tool_call_changes(outcome.status, outcome.result)
-                _write_tool_call(lease, outcome.tool_call, update, None, fence.last_seq)
-            _write_steps(lease, steps)
-            fence.tool_calls = _create_tool_calls(lease, steps, new_tool_calls)
-            _insert_events(lease.run_id, fence.last_seq, all_events)
+                writes.append(_tool_call_update(outcome.tool_call, update, source))
+            writes += insert_statements(_checkpoint_rows(lease, steps))
+            created = _new_tool_calls(lease, steps, new_tool_calls)
+            writes += insert_statements(created)
+            writes += insert_statements(_event_rows(lease.run_id, fence.last_seq, all_events))
+            if source is not None:
+                source.calls_added(created)
+                writes.append(source.statement())
+            write_together(writes, "SELECT 1", [], connection.alias)
+            fence.tool_calls = created
             _publish_fenced(lease, fence.last_seq)
     except RunCancelled as stop:
         if outcome is not None and not stop.deleted:
@@ -113,19 +153,36 @@ def run_save_steps(
     return fence
 
 
+def _new_tool_calls(
+    lease: Lease, steps: Sequence[StepWrite], new_tool_calls: Sequence[JSONObject]
+) -> list[ToolCall]:
+    """The calls a decision proposed, at its (last) step, unsaved."""
+    step = steps[-1].step if steps else 0
+    return [ToolCall(run_id=lease.run_id, step=step, **tc, **_started(tc)) for tc in new_tool_calls]
+
+
 def _create_tool_calls(
     lease: Lease, steps: Sequence[StepWrite], new_tool_calls: Sequence[JSONObject]
 ) -> list[ToolCall]:
     """The calls a decision proposed, at its (last) step; the run's document follows them."""
     if not new_tool_calls:
         return []
-    step = steps[-1].step if steps else 0
-    created = [
-        ToolCall(run_id=lease.run_id, step=step, **tc, **_started(tc)) for tc in new_tool_calls
-    ]
+    created = _new_tool_calls(lease, steps, new_tool_calls)
     insert(created)
     search_refresh(run_ids=[lease.run_id])
     return created
+
+
+def _tool_call_update(
+    tool_call: ToolCall, update: dict[str, object], source: DocumentSource | None
+) -> tuple[str, list[object]]:
+    """The UPDATE of one call's columns (the ORM compiled it on every call), for
+    `rows.write_together`; the call in hand and the document's source follow it."""
+    for key, value in update.items():
+        setattr(tool_call, key, value)
+    if source is not None and "result" in update:
+        source.call_changed(tool_call.tool_call_id, result=update["result"])
+    return update_statement(ToolCall, update, "id = %s", [_uuid_param(tool_call.id)])
 
 
 def _started(call: JSONObject) -> dict[str, object]:
@@ -151,8 +208,17 @@ def tool_call_update(
     update = _tool_call_changes(status, result)
     try:
         with transaction.atomic():
-            fence = _fence(lease, events=1 if event else 0)
-            _write_tool_call(lease, tool_call, update, event, fence.last_seq)
+            fence, source = _fence_for_write(
+                lease, events=1 if event else 0, document="result" in update
+            )
+            writes = [_tool_call_update(tool_call, update, source)]
+            if event:
+                writes += insert_statements(_event_rows(lease.run_id, fence.last_seq, [event]))
+            if source is not None:
+                writes.append(source.statement())
+            write_together(writes, "SELECT 1", [], connection.alias)
+            if event:
+                _publish_fenced(lease, fence.last_seq)
     except RunCancelled as stop:
         if status in (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED) and not stop.deleted:
             _record_after_cancel(lease, tool_call, update, event)
@@ -283,6 +349,8 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: JSONObject | None = Non
     Returns the outer run's new status ("suspended", "interrupted" or "deleted").
     """
     outer = _complete_lease(plans[-1].lease)  # a worker's lease knows its thread
+    if len(plans) == 1:
+        return _park_one(outer, plans[0], values)
     with transaction.atomic():
         thread_id = outer.thread_id
         _lock_thread(thread_id)
@@ -337,4 +405,107 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: JSONObject | None = Non
         for run in parked:  # after the thread's values: a run webhook's body carries them
             _announce(run, RunStatus.SUSPENDED)
     metrics.SUSPENSIONS.inc(len(plans))
+    return RunStatus.SUSPENDED
+
+
+# Whether a run's suspension is announced (its own webhook, or a rule for its agent), read by the
+# suspension's fence as the end's statement reads it (finish._FINISH_SQL_POSTGRES).
+_ANNOUNCED = (
+    "runs_run.webhook <> '' OR EXISTS (SELECT 1 FROM runs_notificationrule n"
+    " WHERE n.agent_id = runs_run.agent_id AND n.active)"
+)
+_PARK_ONE_SQL = f"""
+UPDATE runs_run SET status = '{RunStatus.SUSPENDED}', suspended_at = %s, updated_at = %s,
+       {", ".join(f"{name} = NULL" for name in LEASE_CLEARED)}
+ WHERE id = %s
+"""
+
+
+def _park_one(lease: Lease, plan: SuspendPlan, values: JSONObject | None) -> str:
+    """`run_suspend` of one run (no sub-agent waits with it): the thread locked, the fence
+    (reading whether the suspension is announced and, when the decision proposes calls, what
+    the run's document is made of), then the decision's checkpoint, its calls written waiting,
+    the events, the run parked, its thread and its document as one statement on PostgreSQL
+    (`rows.write_together`; 12 statements one by one)."""
+    with transaction.atomic():
+        _lock_thread(lease.thread_id)
+        document = bool(plan.new_tool_calls)
+        columns = source_columns("runs_run") if document else None
+        more = ", ".join(c for c in (_ANNOUNCED, columns) if c)
+        fence, read = _fence_returning(lease, events=1 + _decision_events(plan), more=more)
+        if fence.cancel_action:
+            # A cancel written on the row but not applied (an older version's): it wins.
+            _write_decision(lease, plan, fence.last_seq)
+            run = Run.objects.select_for_update(no_key=True).get(id=lease.run_id)
+            _apply_cancel(run, action=fence.cancel_action, actor=None)
+            return "deleted" if fence.cancel_action == CancelAction.ROLLBACK else run.status
+        source = None
+        if document:
+            source = source_of(lease.run_id, read[1:]) if columns else source_read(lease.run_id)
+        now = _now()
+        created = {
+            tc.tool_call_id: tc for tc in _new_tool_calls(lease, plan.steps, plan.new_tool_calls)
+        }
+        waiting_updates = []
+        interrupts = []
+        for w in plan.waiting:
+            policy = review_policy(lease.agent_id, w.get("tool_name"))
+            fields = {
+                "status": w["status"],
+                "requires_approval": w.get("requires_approval", False),
+                "suspend_payload": w.get("suspend_payload"),
+                "resume_schema": w.get("resume_schema"),
+                "suspended_at": now,
+                **review_deadline_fields(policy, now),
+            }
+            new = created.get(w["tool_call_id"])
+            if new is not None:  # proposed by this decision: written waiting at once
+                for key, value in fields.items():
+                    setattr(new, key, value)
+            else:
+                waiting_updates.append(
+                    update_statement(
+                        ToolCall,
+                        fields,
+                        "run_id = %s AND tool_call_id = %s",
+                        [_uuid_param(lease.run_id), w["tool_call_id"]],
+                    )
+                )
+            description = tool_description(lease.agent_id, w.get("tool_name"))
+            interrupts.append(interrupt_of({**w, "description": description}))
+        decided = plan.steps or plan.new_tool_calls
+        events = [*plan.events, *(_step_event(w) for w in plan.steps)] if decided else []
+        events.append(("suspended", {"interrupts": interrupts}, "system"))
+        at = DateTimeField().get_db_prep_value(now, connection)
+        writes = [
+            *insert_statements(_checkpoint_rows(lease, plan.steps)),
+            *insert_statements(list(created.values())),
+            *waiting_updates,
+            *insert_statements(_event_rows(lease.run_id, fence.last_seq, events)),
+            (_PARK_ONE_SQL, [at, at, _uuid_param(lease.run_id)]),
+        ]
+        if lease.thread_id is not None:
+            if values is None:
+                values = plan.steps[-1].values if plan.steps else None
+            latest = values if values is not None else _latest_thread_values(lease.thread_id)
+            writes.append(
+                _refresh_threads_statement(
+                    [lease.thread_id], values=latest, ending=[lease.run_id], suspending=True
+                )
+            )
+        if source is not None:
+            source.calls_added(created.values())
+            writes.append(source.statement())
+        write_together(writes, "SELECT 1", [], connection.alias)
+        logger.info(
+            "suspend run=%s agent=%s attempt=%s waiting=%s",
+            lease.run_id,
+            lease.agent_id,
+            lease.attempt,
+            [w["tool_call_id"] for w in plan.waiting],
+        )
+        _publish_fenced(lease, fence.last_seq, status=RunStatus.SUSPENDED)
+        if read[0]:  # after the thread's values: a run webhook's body carries them
+            _announce(lease.run_id, RunStatus.SUSPENDED)
+    metrics.SUSPENSIONS.inc(1)
     return RunStatus.SUSPENDED
