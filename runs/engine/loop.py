@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from django.db import connection
+
 from runs import services
 from runs.engine.agent import Agent
 from runs.engine.context import (
@@ -30,6 +32,7 @@ from runs.engine.model import FinalAnswer, ModelInput, ToolCalls, ToolResult
 from runs.engine.registry import get_agent
 from runs.ids import uuid7
 from runs.models import Checkpoint, Run, RunStatus, ToolCall, ToolCallStatus
+from runs.rows import instances
 
 logger = logging.getLogger("runs.engine")
 
@@ -75,6 +78,10 @@ def _error_of(exc: BaseException) -> dict[str, str]:
     return {"error": type(exc).__name__, "message": str(exc)[:2000]}
 
 
+_LATEST_OF_RUN_SQL = "SELECT * FROM runs_checkpoint WHERE run_id = %s ORDER BY step DESC LIMIT 1"
+_CALLS_OF_RUN_SQL = "SELECT * FROM runs_toolcall WHERE run_id = %s"
+
+
 class StepLoop:
     def __init__(
         self, *, run: Run, lease: services.Lease, control: RunControl, agent: Agent | None = None
@@ -93,13 +100,17 @@ class StepLoop:
     # -- state --------------------------------------------------------------------------------
 
     def _load(self) -> tuple[services.StepWrite, dict[str, ToolCall]]:
+        """The checkpoint the run continues from and its recorded tool calls (written reads:
+        every resumed run makes them, and the ORM compiled both on every call)."""
         checkpoint = None
         calls: dict[str, ToolCall] = {}
         if not (getattr(self.run, "fresh", False) and self.run.parent_run_id is None):
             # Started before (a retry, a resume, a sub-agent taken over): continue from its
             # latest checkpoint and reuse every tool result it recorded.
-            row = Checkpoint.objects.filter(run_id=self.run.id).order_by("-step").first()
-            calls = {tc.tool_call_id: tc for tc in ToolCall.objects.filter(run_id=self.run.id)}
+            run_id = Run._meta.pk.get_db_prep_value(self.run.id, connection)
+            found = instances(Checkpoint, _LATEST_OF_RUN_SQL, [run_id])
+            row = found[0] if found else None
+            calls = {tc.tool_call_id: tc for tc in instances(ToolCall, _CALLS_OF_RUN_SQL, [run_id])}
             if row is not None:
                 checkpoint = services.StepWrite(
                     row.id, row.step, row.values, list(row.pending), row.parent_id
