@@ -10,6 +10,7 @@ from uuid import UUID
 from django.db import connections, router
 
 from runs.models import PENDING_DECISION_STATUSES, TERMINAL_STATUSES, Run, RunStatus, ToolCall
+from runs.rows import instances
 
 # A run in one of these has an outcome (a wait or join ends); a pending or running one has none
 # yet. Followers of a run's events stop on these too (runs/api/streaming.py).
@@ -28,7 +29,7 @@ def _listed(statuses: tuple[str, ...]) -> str:
 # failing (a failed run answers with its error), so a follower polling a long run does not
 # fetch its state each time.
 _OUTCOME_SQL = f"""
-SELECT r.status, r.attempt,
+SELECT r.status, r.attempt, r.agent_id,
        CASE WHEN r.status IN ({_listed(_FAILED)}) THEN r.error END,
        CASE WHEN r.status IN ({_listed(tuple(s for s in STOPPED if s not in _FAILED))})
             THEN COALESCE(
@@ -39,6 +40,10 @@ SELECT r.status, r.attempt,
  WHERE r.id = %s
 """
 _THREAD_VALUES_SQL = 'SELECT t."values" FROM runs_thread t WHERE t.id = %s'
+_WAITING_SQL = (
+    "SELECT * FROM runs_toolcall WHERE run_id = %s"
+    f" AND status IN ({_listed(PENDING_DECISION_STATUSES)}) ORDER BY created_at, id"
+)
 
 
 @cache
@@ -75,16 +80,16 @@ def run_outcome(run_id: UUID, *, thread_id: UUID | None = None) -> tuple[str | N
             found = _read_one(_THREAD_VALUES_SQL, thread_id)
             values = _json(found[0]) if found else None
         return None, 0, values or {}
-    status, attempt, error, values = row
+    status, attempt, agent_id, error, values = row
     if status not in STOPPED:
         return status, attempt, None
     if status == RunStatus.SUSPENDED:
-        waiting = list(
-            ToolCall.objects.filter(run_id=run_id, status__in=PENDING_DECISION_STATUSES)
-            .select_related("run")
-            .order_by("created_at", "id")
+        # Written out: every wait of a run that suspends ends with this read.
+        alias = router.db_for_read(ToolCall)
+        waiting = instances(
+            ToolCall, _WAITING_SQL, [Run._meta.pk.get_db_prep_value(run_id, connections[alias])]
         )
-        return status, attempt, {"__interrupt__": interrupts_of(waiting)}
+        return status, attempt, {"__interrupt__": interrupts_of(waiting, agent_id=agent_id)}
     if status in _FAILED:
         return (
             status,
@@ -100,8 +105,9 @@ def run_result(run_id: UUID, *, thread_id: UUID | None = None) -> Any:
     return run_outcome(run_id, thread_id=thread_id)[2]
 
 
-def interrupts_of(tool_calls: list[ToolCall]) -> list[dict[str, Any]]:
-    """LangGraph interrupts ({"id", "value"}) for waiting tool calls."""
+def interrupts_of(tool_calls: list[ToolCall], *, agent_id: str = "") -> list[dict[str, Any]]:
+    """LangGraph interrupts ({"id", "value"}) for waiting tool calls (of `agent_id`'s run when
+    given; each call's run otherwise)."""
     from runs.contracts import interrupt_of as _interrupt_of
     from runs.engine.registry import all_agents, tool_description
     from runs.graphs.loader import is_graph_agent
@@ -111,7 +117,7 @@ def interrupts_of(tool_calls: list[ToolCall]) -> list[dict[str, Any]]:
     return [
         # A LangGraph graph's interrupt is shown as the graph gave it (runs/graphs).
         {"id": tc.tool_call_id, "value": tc.suspend_payload}
-        if is_graph_agent(agents.get(tc.run.agent_id))
+        if is_graph_agent(agents.get(agent_id or tc.run.agent_id))
         else _interrupt_of(
             {
                 "tool_call_id": tc.tool_call_id,
@@ -120,7 +126,7 @@ def interrupts_of(tool_calls: list[ToolCall]) -> list[dict[str, Any]]:
                 "args": tc.args,
                 "suspend_payload": tc.suspend_payload,
                 "resume_schema": tc.resume_schema,
-                "description": tool_description(tc.run.agent_id, tc.tool_name),
+                "description": tool_description(agent_id or tc.run.agent_id, tc.tool_name),
             }
         )
         for tc in tool_calls
