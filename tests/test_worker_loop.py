@@ -152,3 +152,36 @@ def test_a_bare_run_id_leaves_the_cancel_to_the_worker_to_apply() -> None:
     assert _stopped(claimed.lease, "cancel", control) == RunStatus.INTERRUPTED
     run = Run.objects.get(id=claimed.lease.run_id)
     assert run.status == RunStatus.INTERRUPTED and run.lease_owner is None
+
+
+# --- the run threads ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(False)
+def test_the_run_threads_are_reused_run_in_parallel_and_end_when_idle(monkeypatch) -> None:
+    from runs.engine.worker import _DaemonPool
+
+    monkeypatch.setattr(_DaemonPool, "IDLE_SECONDS", 0.3)
+    pool = _DaemonPool("test-run")
+    first = pool.submit(lambda: threading.current_thread())
+    thread = first.result(5)
+    assert thread.daemon and thread.name == "test-run"
+    # The next run, after the first ended, goes to the same thread.
+    assert pool.submit(lambda: threading.current_thread()).result(5) is thread
+
+    # Runs submitted together run at once, each on a thread of its own.
+    gate = threading.Barrier(3, timeout=5)
+    together = [pool.submit(lambda: (gate.wait(), threading.current_thread())[1]) for _ in range(3)]
+    threads = {f.result(5) for f in together}
+    assert len(threads) == 3 and thread in threads
+
+    # A run that raises fails its future; the thread serves the next run.
+    def boom() -> str:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        pool.submit(boom).result(5)
+    assert pool.submit(lambda: "ok").result(5) == "ok"
+
+    # Idle threads end.
+    wait_for(lambda: not any(t.is_alive() for t in threads), timeout=5)
