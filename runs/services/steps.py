@@ -349,7 +349,7 @@ def run_suspend(*, plans: Sequence[SuspendPlan], values: JSONObject | None = Non
     Returns the outer run's new status ("suspended", "interrupted" or "deleted").
     """
     outer = _complete_lease(plans[-1].lease)  # a worker's lease knows its thread
-    if len(plans) == 1:
+    if len(plans) == 1 and outer.parent_run_id is None:
         return _park_one(outer, plans[0], values)
     with transaction.atomic():
         thread_id = outer.thread_id
