@@ -389,9 +389,10 @@ def test_rollback_takes_every_row_of_the_run_in_one_delete(
     assert RunSearch.objects.filter(run_id=run.id).exists()
     assert Checkpoint.objects.filter(run=run).exists() and ToolCall.objects.filter(run=run)
 
-    # BEGIN, thread lock, run lock, one statement (the DELETE, the audit entry, the thread's
-    # state), COMMIT; on SQLite that statement's parts one after another.
-    with django_assert_num_queries(5 if connection.vendor == "postgresql" else 8):
+    # BEGIN, the thread and run locked (one statement), one statement (the DELETE, the audit
+    # entry, the thread's state), COMMIT; on SQLite the locks are two reads and that
+    # statement's parts run one after another.
+    with django_assert_num_queries(4 if connection.vendor == "postgresql" else 8):
         services.run_cancel(run=run, action="rollback", actor=support)
 
     for model in (Checkpoint, ToolCall, RunEvent, RunSearch):
@@ -406,14 +407,15 @@ def test_an_interrupt_is_one_statement_after_the_locks(
     drain, support, django_assert_num_queries
 ) -> None:
     """The run's end, its event, the audit entry, the thread's status and values and the
-    worker's notice: one statement on PostgreSQL after the thread and run locks."""
+    worker's notice: one statement on PostgreSQL after the thread and run locks (one more)."""
     thread = make_thread()
     earlier = services.run_create(agent_id="echo", thread_id=thread.id, input="x", actor="t")
     drain()
     run = suspended_refund(drain, thread)
     claimed_newest = Checkpoint.objects.filter(thread=thread).order_by("-created_at", "-id")[0]
     assert claimed_newest.run_id == run.id
-    with django_assert_num_queries(5 if connection.vendor == "postgresql" else 9):
+    # BEGIN, the thread and run locked in one statement, one statement, COMMIT.
+    with django_assert_num_queries(4 if connection.vendor == "postgresql" else 9):
         services.run_cancel(run=run, action="interrupt", actor=support, reason="stop")
     run.refresh_from_db()
     assert (run.status, run.cancel_action, run.cancel_reason) == (

@@ -270,6 +270,11 @@ _LOCK_RUN_COLUMNS = (
     f" AND c.status IN {_sql_in(ACTIVE_STATUSES)}) AS has_children"
     " FROM runs_run r WHERE r.id = %s"
 )
+_LOCK_THREAD_THEN_RUN_SQL = (
+    "WITH t AS MATERIALIZED (SELECT id FROM runs_thread WHERE id = %s FOR NO KEY UPDATE) "
+    + _LOCK_RUN_COLUMNS
+    + " AND EXISTS (SELECT 1 FROM t) FOR NO KEY UPDATE OF r"
+)
 _LOCK_RUN_SQL = {
     "postgresql": f"{_LOCK_RUN_COLUMNS} FOR NO KEY UPDATE OF r",
     "sqlite": _LOCK_RUN_COLUMNS,  # its IMMEDIATE transaction already holds the writer lock
@@ -326,8 +331,14 @@ def _lock_run(run_id: UUID, *, known: Run | None = None) -> Run:
         thread_id = Run.objects.filter(id=run_id).values_list("thread_id", flat=True).first()
         if thread_id is None and not Run.objects.filter(id=run_id).exists():
             raise NotFound(f"Run {run_id} not found")
-    _lock_thread(thread_id)
-    found = _with_flags(instances(Run, _LOCK_RUN_SQL[connection.vendor], [_uuid_param(run_id)]))
+    if thread_id is not None and _is_postgres():
+        # Both locks in one statement, the thread's first: the run's scan evaluates the
+        # thread's lock (a one-time condition) before the run's row reaches its own lock.
+        sql, params = _LOCK_THREAD_THEN_RUN_SQL, [_uuid_param(thread_id), _uuid_param(run_id)]
+    else:
+        _lock_thread(thread_id)
+        sql, params = _LOCK_RUN_SQL[connection.vendor], [_uuid_param(run_id)]
+    found = _with_flags(instances(Run, sql, params))
     if not found:
         raise NotFound(f"Run {run_id} not found")
     return found[0]
