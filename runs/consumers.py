@@ -337,11 +337,16 @@ class RunsConsumer(_BatchingConsumer):
     def share_key(self) -> tuple | None:
         if self.watched or self.view == "thread":
             return None  # personal: the reviewer's own decisions, the regions this page has
-        params = tuple(sorted((k, tuple(v)) for k, v in self.params.lists() if k != "at"))
-        if getattr(self, "filters", None) is not None and self.filters.assigned == "mine":
-            # "mine" lists different runs for each reviewer: never share its render.
-            params += (("viewer", (self.filters.viewer,)),)
-        return (self.view, params, self.permission_key)
+        # Asked on every change this socket hears (under load: every socket, every change);
+        # what it is made of is fixed when the socket connects.
+        key: tuple | None = self.__dict__.get("_share_key")
+        if key is None:
+            params = tuple(sorted((k, tuple(v)) for k, v in self.params.lists() if k != "at"))
+            if getattr(self, "filters", None) is not None and self.filters.assigned == "mine":
+                # "mine" lists different runs for each reviewer: never share its render.
+                params += (("viewer", (self.filters.viewer,)),)
+            key = self._share_key = (self.view, params, self.permission_key)
+        return key
 
     def cache_key(self, changes: list[dict[str, Any]]) -> tuple | None:
         key = self.share_key()
