@@ -76,7 +76,10 @@ def _change_signature(changes: list[dict[str, Any]]) -> tuple:
 class _BatchingConsumer(AsyncWebsocketConsumer):
     """Collects `run.changed` messages and renders them in batches (latest seq per run)."""
 
-    batch_seconds = 0.025
+    # A busy list's pause between flushes (runs/live_groups.py). 10 ms, not 25: with renders as
+    # cheap as they are now, bench/load.py's delivery p50 91-96 ms, p99 240-265 ms (25 ms:
+    # 104-109 / 264-338 ms) for ~30 % more frames (docs/benchmarks.md).
+    batch_seconds = 0.010
 
     async def connect(self) -> None:
         self.user = self.scope.get("user")
