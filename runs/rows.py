@@ -272,6 +272,26 @@ def update_statement(
     return f"UPDATE {table} SET {', '.join(sets)} WHERE {where}", [*params, *where_params]
 
 
+# Below PostgreSQL's limit of 65,535 parameters per statement (server-side binding).
+MAX_PARAMETERS = 60_000
+
+
+def _by_parameters(
+    writes: Sequence[tuple[str, list[Any]]], limit: int
+) -> list[list[tuple[str, list[Any]]]]:
+    """`writes` in consecutive groups of at most `limit` parameters each (a part over the limit
+    alone in its group)."""
+    groups: list[list[tuple[str, list[Any]]]] = [[]]
+    count = 0
+    for write in writes:
+        if groups[-1] and count + len(write[1]) > limit:
+            groups.append([])
+            count = 0
+        groups[-1].append(write)
+        count += len(write[1])
+    return groups
+
+
 def write_together(
     writes: Sequence[tuple[str, list[Any]]], select: str, params: Sequence[Any], alias: str
 ) -> tuple[Any, ...] | None:
@@ -290,9 +310,16 @@ def write_together(
     connection = connections[alias]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql" and writes:
-            parts = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(writes))
+            # A statement takes at most 65,535 parameters with server-side binding: a big
+            # write (a bulk cancel of thousands of runs) goes as several statements, which the
+            # rule above (no part depends on another) allows.
+            groups = _by_parameters(writes, MAX_PARAMETERS - len(params))
+            for group in groups[:-1]:
+                parts = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(group))
+                cursor.execute(f"WITH {parts} SELECT 1", [p for _, ps in group for p in ps])
+            parts = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(groups[-1]))
             cursor.execute(
-                f"WITH {parts} {select}", [p for _, ps in writes for p in ps] + list(params)
+                f"WITH {parts} {select}", [p for _, ps in groups[-1] for p in ps] + list(params)
             )
         else:
             for sql, write_params in writes:

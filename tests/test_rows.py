@@ -212,3 +212,22 @@ def test_writes_together_are_one_statement_on_postgresql() -> None:
     assert row == (1,)
     assert len(queries) == 1 and queries[0]["sql"].startswith("WITH w0 AS (INSERT")
     assert ApiKey.objects.filter(name__in=["k0", "k1"]).count() == 2
+
+
+@pytest.mark.postgres
+def test_writes_together_beyond_a_statements_parameters_go_as_several() -> None:
+    """PostgreSQL binds at most 65,535 parameters per statement: 70,000 of them (a bulk cancel of
+    thousands of runs writes that many) go as two statements, every row written."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from runs.models import AuditEntry
+    from runs.rows import insert_statements, write_together
+
+    entries = [AuditEntry(actor="t", action=f"bulk-{i}") for i in range(6_400)]
+    writes = insert_statements(entries)
+    assert sum(len(params) for _, params in writes) > 65_535
+    with CaptureQueriesContext(connection) as queries:
+        assert write_together(writes, "SELECT %s", ["done"], connection.alias) == ("done",)
+    assert len(queries) == 2
+    assert AuditEntry.objects.filter(action__startswith="bulk-").count() == 6_400
