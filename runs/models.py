@@ -114,16 +114,32 @@ class Thread(models.Model):
 
 class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    # No index of its own: run_thread_created_idx leads with thread_id (see Meta.indexes).
     thread = models.ForeignKey(
-        Thread, null=True, blank=True, on_delete=models.DB_CASCADE, related_name="runs"
+        Thread,
+        null=True,
+        blank=True,
+        on_delete=models.DB_CASCADE,
+        related_name="runs",
+        db_index=False,
     )
     agent_id = models.CharField(max_length=128)
     parent_run = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.DB_CASCADE, related_name="child_runs"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.DB_CASCADE,
+        related_name="child_runs",
+        db_index=False,  # run_parent_idx, partial
     )
     # The ended run this one re-runs (services.run_retry); the original lists `retries`.
     retry_of = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="retries"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.DB_SET_NULL,
+        related_name="retries",
+        db_index=False,  # run_retry_of_idx, partial
     )
     # Copied from the thread at creation so every filter on it needs no join.
     resource_id = models.CharField(max_length=255, null=True, blank=True)
@@ -216,6 +232,19 @@ class Run(models.Model):
                 condition=Q(status="running"),
                 name="run_lease_idx",
             ),
+            # Child runs and retries of a run (and the database's ON DELETE of a run). Partial:
+            # most runs have neither, and an update that changes status writes a new entry to
+            # every index whose condition the row meets (no HOT update), so those stay out.
+            models.Index(
+                fields=["parent_run"],
+                condition=Q(parent_run__isnull=False),
+                name="run_parent_idx",
+            ),
+            models.Index(
+                fields=["retry_of"],
+                condition=Q(retry_of__isnull=False),
+                name="run_retry_of_idx",
+            ),
         ]
         constraints: ClassVar = [
             # Runs on one thread execute one at a time: a second claim on the same thread
@@ -239,12 +268,24 @@ class Checkpoint(models.Model):
     """A snapshot of a run's state after one step. Thread state = its latest checkpoint."""
 
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    # Neither foreign key has an index of its own: checkpoint_thread_idx and
+    # one_checkpoint_per_step lead with them.
     thread = models.ForeignKey(
-        Thread, null=True, blank=True, on_delete=models.DB_CASCADE, related_name="checkpoints"
+        Thread,
+        null=True,
+        blank=True,
+        on_delete=models.DB_CASCADE,
+        related_name="checkpoints",
+        db_index=False,
     )
     # Null for a checkpoint written by hand (POST /threads/{id}/state), not by a run.
     run = models.ForeignKey(
-        Run, null=True, blank=True, on_delete=models.DB_CASCADE, related_name="checkpoints"
+        Run,
+        null=True,
+        blank=True,
+        on_delete=models.DB_CASCADE,
+        related_name="checkpoints",
+        db_index=False,
     )
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="+"
@@ -270,7 +311,10 @@ class Checkpoint(models.Model):
 
 class ToolCall(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
-    run = models.ForeignKey(Run, on_delete=models.DB_CASCADE, related_name="tool_calls")
+    # unique_tool_call_id leads with run_id: no index of its own.
+    run = models.ForeignKey(
+        Run, on_delete=models.DB_CASCADE, related_name="tool_calls", db_index=False
+    )
     tool_call_id = models.CharField(max_length=128)
     step = models.PositiveIntegerField(default=0)
     tool_name = models.CharField(max_length=128)
@@ -286,7 +330,12 @@ class ToolCall(models.Model):
     result = models.JSONField(null=True, blank=True)
     # The sub-agent run this call delegated to (nested agents).
     child_run = models.ForeignKey(
-        Run, null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="delegated_from"
+        Run,
+        null=True,
+        blank=True,
+        on_delete=models.DB_SET_NULL,
+        related_name="delegated_from",
+        db_index=False,  # toolcall_child_run_idx, partial
     )
     decided_by = models.CharField(max_length=150, blank=True, default="")
     decided_at = models.DateTimeField(null=True, blank=True)
@@ -336,6 +385,12 @@ class ToolCall(models.Model):
                 condition=Q(status__in=["awaiting_approval", "awaiting_input"]),
                 name="toolcall_claimed_idx",
             ),
+            # Calls that delegated to a sub-agent run (the database's ON DELETE of a run).
+            models.Index(
+                fields=["child_run"],
+                condition=Q(child_run__isnull=False),
+                name="toolcall_child_run_idx",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -377,7 +432,8 @@ class RunEvent(models.Model):
     """One entry of a run's timeline, ordered by seq; the source for streams and live pushes."""
 
     id = models.BigAutoField(primary_key=True)
-    run = models.ForeignKey(Run, on_delete=models.DB_CASCADE, related_name="events")
+    # unique_event_seq leads with run_id: no index of its own.
+    run = models.ForeignKey(Run, on_delete=models.DB_CASCADE, related_name="events", db_index=False)
     seq = models.PositiveIntegerField()
     kind = models.CharField(max_length=32)
     data = models.JSONField(default=dict, blank=True)
