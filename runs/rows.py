@@ -15,11 +15,13 @@ writes (and a read) to PostgreSQL as one statement: one round trip instead of on
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, TypeVar
 
+import psycopg
 from django.db import connections, router
 from django.db.models import Field, Model
 from django.db.models.options import Options
@@ -316,14 +318,69 @@ def write_together(
             groups = _by_parameters(writes, MAX_PARAMETERS - len(params))
             for group in groups[:-1]:
                 parts = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(group))
-                cursor.execute(f"WITH {parts} SELECT 1", [p for _, ps in group for p in ps])
+                _fetch_numbered(
+                    connection,
+                    cursor,
+                    f"WITH {parts} SELECT 1",
+                    [p for _, ps in group for p in ps],
+                )
             parts = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(groups[-1]))
-            cursor.execute(
-                f"WITH {parts} {select}", [p for _, ps in groups[-1] for p in ps] + list(params)
+            return _fetch_numbered(
+                connection,
+                cursor,
+                f"WITH {parts} {select}",
+                [p for _, ps in groups[-1] for p in ps] + list(params),
             )
         else:
             for sql, write_params in writes:
                 cursor.execute(sql, write_params)
             cursor.execute(select, list(params))
         row = cursor.fetchone()
+    return tuple(row) if row is not None else None
+
+
+_PLACEHOLDER = re.compile(r"%(.|$)", re.DOTALL)
+
+
+@lru_cache(maxsize=256)
+def numbered(sql: str) -> str:
+    """`sql` with PostgreSQL's own placeholders: each `%s` becomes `$1`, `$2`…, `%%` becomes
+    `%`. Any other `%` sequence is refused (`%(name)s` and the like are not used here)."""
+    count = 0
+
+    def number(match: re.Match[str]) -> str:
+        nonlocal count
+        if match.group(1) == "%":
+            return "%"
+        if match.group(1) != "s":
+            raise ValueError(f"numbered(): only %s and %% placeholders, got {match.group(0)!r}")
+        count += 1
+        return f"${count}"
+
+    return _PLACEHOLDER.sub(number, sql)
+
+
+def _fetch_numbered(
+    connection: Any, cursor: Any, sql: str, params: list[Any]
+) -> tuple[Any, ...] | None:
+    """Execute `sql` (`%s` placeholders) on PostgreSQL and return its first row.
+
+    psycopg turns `%s` into `$1`… by parsing the statement on every call once it is longer
+    than 4,096 bytes or has more than 50 parameters (it caches only smaller ones), as every
+    write sent together is: ~12 % of a worker's CPU in a run that suspends (docs/benchmarks.md).
+    Here the numbered text is kept per statement text and sent through psycopg's RawCursor,
+    which takes it as it is. When Django logs queries (DEBUG, or a test counting statements),
+    the statement goes through Django's own cursor instead, which is what logs it.
+    """
+    if connection.queries_logged:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+        return tuple(row) if row is not None else None
+    raw = psycopg.RawCursor(connection.connection)
+    try:
+        with connection.wrap_database_errors:
+            raw.execute(numbered(sql), params)
+            row = raw.fetchone()
+    finally:
+        raw.close()
     return tuple(row) if row is not None else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -231,3 +232,45 @@ def test_writes_together_beyond_a_statements_parameters_go_as_several() -> None:
         assert write_together(writes, "SELECT %s", ["done"], connection.alias) == ("done",)
     assert len(queries) == 2
     assert AuditEntry.objects.filter(action__startswith="bulk-").count() == 6_400
+
+
+def test_numbered_placeholders_are_postgresqls_own() -> None:
+    from runs.rows import numbered
+
+    assert numbered("SELECT %s, '%%' || %s WHERE a = %s") == "SELECT $1, '%' || $2 WHERE a = $3"
+    assert numbered("SELECT 1") == "SELECT 1"
+    with pytest.raises(ValueError, match="only %s and %%"):
+        numbered("SELECT %(name)s")
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("logged", [False, True], ids=["raw cursor", "django cursor"])
+def test_writes_together_read_and_fail_alike_whether_or_not_queries_are_logged(logged) -> None:
+    """Unlogged, write_together sends its numbered statement through psycopg's RawCursor;
+    logged (DEBUG, tests counting statements), through Django's cursor. Same rows, same
+    conversions, same errors either way."""
+    from django.db import IntegrityError, connection, transaction
+
+    from runs.models import AuditEntry
+    from runs.rows import insert_statements, write_together
+
+    run_id = uuid.uuid4()
+    entries = [AuditEntry(actor="t", action="a", run_id=run_id, after={"k": [1, "%s"]})]
+    connection.force_debug_cursor = logged
+    try:
+        row = write_together(
+            insert_statements(entries),
+            "SELECT %s::uuid, %s::jsonb, '100%%'",
+            [run_id, json.dumps({"x": 1})],
+            connection.alias,
+        )
+        assert row == (run_id, json.dumps({"x": 1}), "100%")  # jsonb reads as text (Django)
+        assert AuditEntry.objects.get(run_id=run_id).after == {"k": [1, "%s"]}
+        key_hash = f"h{uuid.uuid4().hex}"
+        key = ApiKey(name="dup", key_hash=key_hash)
+        write_together(insert_statements([key]), "SELECT 1", [], connection.alias)
+        again = ApiKey(name="dup", key_hash=key_hash)
+        with pytest.raises(IntegrityError), transaction.atomic():
+            write_together(insert_statements([again]), "SELECT 1", [], connection.alias)
+    finally:
+        connection.force_debug_cursor = False
