@@ -469,6 +469,42 @@ def test_it_cancels_with_an_empty_body_and_refuses_finished_runs(api: Client, dr
 
 
 @stream_db
+def test_a_cancel_names_its_run_by_the_thread_it_is_on(api: Client) -> None:
+    """The run is found by the lock itself, on the thread the path names: under another
+    thread it is not found (LangGraph's code), and nothing changes."""
+    tid, other = new_thread(api), new_thread(api)
+    run = post(api, f"/threads/{tid}/runs", {"assistant_id": "echo"}).json()
+    for wait in ("0", "1"):
+        r = api.post(f"/api/threads/{other}/runs/{run['run_id']}/cancel?wait={wait}")
+        assert r.status_code == 404
+        assert r.json()["code"] == "run_not_found"
+    missing = uuid.uuid4()
+    assert api.post(f"/api/threads/{tid}/runs/{missing}/cancel").json()["code"] == "run_not_found"
+    assert Run.objects.get(id=run["run_id"]).status == RunStatus.PENDING
+    assert not Run.objects.get(id=run["run_id"]).events.filter(kind="cancelled").exists()
+
+
+@pytest.mark.postgres
+@stream_db
+def test_a_cancel_with_wait_is_three_statements_on_postgresql(api: Client) -> None:
+    """The run locked and read (with its thread, by the path's ids), its end written, its
+    result read: no read of the run before the lock."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    tid = new_thread(api)
+    run = post(api, f"/threads/{tid}/runs", {"assistant_id": "echo"}).json()
+    with CaptureQueriesContext(connection) as queries:
+        r = api.post(f"/api/threads/{tid}/runs/{run['run_id']}/cancel?wait=1")
+    assert r.status_code == 200
+    assert r["Location"] == f"/threads/{tid}/runs/{run['run_id']}/join"
+    statements = [q["sql"] for q in queries if q["sql"] not in ("BEGIN", "COMMIT")]
+    assert len(statements) == 3, [sql[:80] for sql in statements]
+    assert statements[0].startswith("WITH t AS MATERIALIZED")  # the thread's lock, the run's
+    assert Run.objects.get(id=run["run_id"]).status == RunStatus.INTERRUPTED
+
+
+@stream_db
 def test_it_records_the_api_actor_on_cancel(api: Client) -> None:
     thread = services.thread_create()
     run = services.run_create(agent_id="echo", thread_id=thread.id, actor="t")

@@ -391,8 +391,12 @@ def _create_run(
 
 
 def _run_path(run: Run) -> str:
+    return _path_of(run.thread_id, run.id)
+
+
+def _path_of(thread_id: UUID | None, run_id: UUID) -> str:
     # Relative to the API root, as the SDK resolves Location against its base URL (…/api).
-    return f"/threads/{run.thread_id}/runs/{run.id}"
+    return f"/threads/{thread_id}/runs/{run_id}"
 
 
 def _followed(
@@ -679,18 +683,19 @@ def cancel_run(
     caller = caller_of(request)
     # LangGraph turns any other action into interrupt; an absent wait means no wait.
     action = "rollback" if action == "rollback" else "interrupt"
-    run = selectors.run_get(
-        run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
-    )
-    services.run_cancel(
-        run=run, action=action, actor=caller.actor, pinned_resource_id=caller.pinned_resource_id
+    services.run_cancel_on_thread(
+        thread_id=thread_id,
+        run_id=run_id,
+        action=action,
+        actor=caller.actor,
+        pinned_resource_id=caller.pinned_resource_id,
     )
     if not p.as_bool(wait):
         return HttpResponse(status=202)
     # The cancel ended the run in its own (committed) transaction, running ones included: the
     # join body is ready, nothing to wait for.
-    result = selectors.run_result(run.id, thread_id=run.thread_id)
-    base = _run_path(run)
+    result = selectors.run_result(run_id, thread_id=thread_id)
+    base = _path_of(thread_id, run_id)
     return HttpResponse(
         json.dumps(result, default=str),
         content_type="application/json",

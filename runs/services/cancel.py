@@ -64,15 +64,37 @@ def run_cancel(
     _validate_choice(action, CancelAction.values, "action")
     _check_scope(run, pinned_resource_id, "Run")
     with transaction.atomic():
-        locked = _lock_run(run.id, known=run)
-        if locked.parent_run_id is not None:
-            raise Conflict(
-                f"Run {run.id} is a sub-agent run; cancel its supervisor run "
-                f"{locked.parent_run_id} instead",
-                code="sub_agent_run",
-            )
-        result = _cancel_locked(locked, action=action, actor=actor, reason=reason)
-    return result
+        return _cancel_top_level(
+            _lock_run(run.id, known=run), action=action, actor=actor, reason=reason
+        )
+
+
+def run_cancel_on_thread(
+    *,
+    thread_id: UUID,
+    run_id: UUID,
+    action: str,
+    actor: Actor,
+    reason: str = "",
+    pinned_resource_id: str | None = None,
+) -> Run | None:
+    """`run_cancel` of a run named by its thread and id, as LangGraph's cancel path names it,
+    without reading it first: the lock finds it on that thread, in the key's scope, or answers
+    NotFound (`run_not_found`) having changed nothing. Returns what `run_cancel` returns."""
+    _validate_choice(action, CancelAction.values, "action")
+    with transaction.atomic():
+        locked = _lock_run(run_id, on_thread=thread_id, pinned_resource_id=pinned_resource_id)
+        return _cancel_top_level(locked, action=action, actor=actor, reason=reason)
+
+
+def _cancel_top_level(run: Run, *, action: str, actor: Actor, reason: str) -> Run | None:
+    if run.parent_run_id is not None:
+        raise Conflict(
+            f"Run {run.id} is a sub-agent run; cancel its supervisor run "
+            f"{run.parent_run_id} instead",
+            code="sub_agent_run",
+        )
+    return _cancel_locked(run, action=action, actor=actor, reason=reason)
 
 
 def _cancel_locked(

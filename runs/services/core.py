@@ -319,12 +319,23 @@ def _lock_newest_suspended_run(thread_id: UUID) -> Run | None:
     return found[0] if found else None
 
 
-def _lock_run(run_id: UUID, *, known: Run | None = None) -> Run:
+def _lock_run(
+    run_id: UUID,
+    *,
+    known: Run | None = None,
+    on_thread: UUID | None = None,
+    pinned_resource_id: str | None = None,
+) -> Run:
     """Lock a run for a decision or a cancel, in the documented order (thread, then run), and
     read it with `has_rules` and `has_children` (see _LOCK_RUN_COLUMNS).
 
     `known`: the run as the caller read it (a run never changes thread: no lookup needed).
+    `on_thread`: the thread the caller names the run by (LangGraph's paths), read nowhere
+    before: the run is locked only if it is on that thread and in `pinned_resource_id`'s scope;
+    otherwise NotFound, as `selectors.run_get` answers, and no run row was locked.
     """
+    if on_thread is not None:
+        return _lock_run_on_thread(run_id, on_thread, pinned_resource_id)
     if known is not None:
         thread_id = known.thread_id
     else:
@@ -341,6 +352,23 @@ def _lock_run(run_id: UUID, *, known: Run | None = None) -> Run:
     found = _with_flags(instances(Run, sql, params))
     if not found:
         raise NotFound(f"Run {run_id} not found")
+    return found[0]
+
+
+def _lock_run_on_thread(run_id: UUID, thread_id: UUID, pinned_resource_id: str | None) -> Run:
+    where, params = "r.id = %s AND r.thread_id = %s", [_uuid_param(run_id), _uuid_param(thread_id)]
+    if pinned_resource_id is not None:
+        where += " AND r.resource_id = %s"
+        params.append(pinned_resource_id)
+    if _is_postgres():
+        sql = _LOCK_THREAD_THEN_RUN_SQL.replace("r.id = %s", where)
+        params = [_uuid_param(thread_id), *params]
+    else:
+        _lock_thread(thread_id)
+        sql = _LOCK_RUN_SQL[connection.vendor].replace("r.id = %s", where)
+    found = _with_flags(instances(Run, sql, params))
+    if not found:
+        raise NotFound(f"Run {run_id} not found", code="run_not_found")
     return found[0]
 
 
