@@ -876,21 +876,63 @@ def test_deciding_the_sub_agent_directly_releases_the_supervisor(drain, reviewer
 def test_thread_resume_approves_the_waiting_call(drain, reviewer) -> None:
     thread = make_thread()
     run = suspended_refund(drain, thread)
-    resumed = services.thread_resume(thread=thread, resume={"approved": True}, actor=reviewer)
+    resumed = services.thread_resume(thread_id=thread.id, resume={"approved": True}, actor=reviewer)
     assert resumed.id == run.id and resumed.status == RunStatus.PENDING
 
 
 def test_thread_resume_without_a_suspended_run_conflicts() -> None:
     with pytest.raises(Conflict) as err:
-        services.thread_resume(thread=make_thread(), resume={"approved": True}, actor="t")
+        services.thread_resume(thread_id=make_thread().id, resume={"approved": True}, actor="t")
     assert err.value.code == "nothing_to_resume"
+
+
+def test_thread_resume_of_a_thread_missing_or_out_of_scope_is_not_found(drain, reviewer) -> None:
+    import uuid
+
+    thread = make_thread()
+    assert thread.resource_id == "acme"
+    run = suspended_refund(drain, thread)
+    with pytest.raises(NotFound) as err:
+        services.thread_resume(thread_id=uuid.uuid4(), resume={"approved": True}, actor="t")
+    assert err.value.code == "thread_not_found"
+    with pytest.raises(NotFound):
+        services.thread_resume(
+            thread_id=thread.id, resume={"approved": True}, actor="t", pinned_resource_id="zeta"
+        )
+    assert Run.objects.get(id=run.id).status == RunStatus.SUSPENDED
+    resumed = services.thread_resume(
+        thread_id=thread.id, resume={"approved": True}, actor=reviewer, pinned_resource_id="acme"
+    )
+    assert resumed.id == run.id and resumed.status == RunStatus.PENDING
+
+
+@pytest.mark.postgres
+def test_thread_resume_is_three_statements_on_postgresql(drain, reviewer) -> None:
+    """The thread and its suspended run locked and read in one statement (no read of the
+    thread before), the waiting calls, then every write in one."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    thread = make_thread()
+    run = suspended_refund(drain, thread)
+    with CaptureQueriesContext(connection) as queries:
+        services.run_create(
+            agent_id="refund",
+            thread_id=thread.id,
+            command={"resume": {"approved": True}},
+            actor=reviewer,
+        )
+    statements = [q["sql"] for q in queries if "SAVEPOINT" not in q["sql"]]
+    assert len(statements) == 3, [sql[:80] for sql in statements]
+    assert statements[0].startswith("WITH t AS MATERIALIZED")
+    assert Run.objects.get(id=run.id).status == RunStatus.PENDING
 
 
 def test_thread_resume_validates_the_approval_value(drain) -> None:
     thread = make_thread()
     suspended_refund(drain, thread)
     with pytest.raises(ValidationFailed):
-        services.thread_resume(thread=thread, resume="yes", actor="t")
+        services.thread_resume(thread_id=thread.id, resume="yes", actor="t")
 
 
 # --- bad input ------------------------------------------------------------------------------------

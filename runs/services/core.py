@@ -305,17 +305,36 @@ def _lock_runs(run_ids: Sequence[UUID]) -> list[Run]:
     return _with_flags(instances(Run, sql, params))
 
 
-def _lock_newest_suspended_run(thread_id: UUID) -> Run | None:
+def _lock_newest_suspended_run(
+    thread_id: UUID, *, lock_thread: bool = False, pinned_resource_id: str | None = None
+) -> Run | None:
     """Lock and read (as `_lock_run`) the thread's newest suspended top-level run, if any, in
-    one statement. Caller holds the thread's lock."""
-    sql = _LOCK_RUN_COLUMNS.replace(
-        "r.id = %s",
-        f"r.thread_id = %s AND r.status = '{RunStatus.SUSPENDED}' AND r.parent_run_id IS NULL",
-    )
+    one statement. The caller holds the thread's lock, or `lock_thread` takes it first: in the
+    same statement on PostgreSQL (as `_LOCK_THREAD_THEN_RUN_SQL` does), the thread matched in
+    `pinned_resource_id`'s scope, so a thread missing or out of scope reads no run either."""
+    where = f"r.thread_id = %s AND r.status = '{RunStatus.SUSPENDED}' AND r.parent_run_id IS NULL"
+    params: list[Any] = [_uuid_param(thread_id)]
+    scoped = pinned_resource_id is not None
+    if lock_thread and _is_postgres():
+        scope = " AND resource_id = %s" if scoped else ""
+        head = f"WITH t AS MATERIALIZED (SELECT id FROM runs_thread WHERE id = %s{scope} FOR NO KEY UPDATE) "
+        where += " AND EXISTS (SELECT 1 FROM t)"
+        params = [_uuid_param(thread_id), *([pinned_resource_id] if scoped else []), *params]
+    else:
+        head = ""
+        if lock_thread:
+            _lock_thread(thread_id)
+        if scoped:
+            where += (
+                " AND EXISTS (SELECT 1 FROM runs_thread s WHERE s.id = r.thread_id"
+                " AND s.resource_id = %s)"
+            )
+            params.append(pinned_resource_id)
+    sql = head + _LOCK_RUN_COLUMNS.replace("r.id = %s", where)
     sql += " ORDER BY r.suspended_at DESC, r.id DESC LIMIT 1"
     if _is_postgres():
         sql += " FOR NO KEY UPDATE OF r"
-    found = _with_flags(instances(Run, sql, [_uuid_param(thread_id)]))
+    found = _with_flags(instances(Run, sql, params))
     return found[0] if found else None
 
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from django.db import connection, transaction
 from django.db.models import DateTimeField
@@ -37,7 +38,6 @@ from runs.services.core import (
     _event_rows,
     _lock_newest_suspended_run,
     _lock_run,
-    _lock_thread,
     _notified_by_select,
     _notify,
     _now,
@@ -48,6 +48,7 @@ from runs.services.core import (
     logger,
 )
 from runs.services.search import search_refresh
+from runs.services.threads import _thread_in_scope
 from runs.validation import schema_errors
 
 _WAITING_SQL = (
@@ -199,16 +200,33 @@ def tool_call_answer(
         return _after_decision(locked, actor)
 
 
-def thread_resume(*, thread: Thread, resume: JSONValue, actor: Actor) -> Run:
+def thread_resume(
+    *,
+    thread_id: UUID,
+    resume: JSONValue,
+    actor: Actor,
+    pinned_resource_id: str | None = None,
+) -> Run:
     """LangGraph `command.resume`: decide the waiting tool calls of the thread's suspended run.
 
     For an approval the value is {"approved": true[, "args": {...}][, "comment": "..."]} or
     {"approved": false,
     "reason": "..."}; for a tool that asked for input it is the resume data. With several
     waiting calls, a map {tool_call_id: value}.
+
+    The thread is not read first: one statement locks it (in `pinned_resource_id`'s scope) and
+    its suspended run; only when that finds no run is the thread read, to answer NotFound (no
+    such thread in scope) or Conflict (nothing to resume).
     """
     with transaction.atomic():
-        run = _lock_suspended_run_of(thread)
+        run = _lock_newest_suspended_run(
+            thread_id, lock_thread=True, pinned_resource_id=pinned_resource_id
+        )
+        if run is None:
+            _thread_in_scope(thread_id, pinned_resource_id)
+            raise Conflict(
+                f"Thread {thread_id} has no suspended run to resume", code="nothing_to_resume"
+            )
         waiting = _waiting_calls(run)
         writes = _deferred(run, waiting)
         # The Agent Inbox's [HumanResponse] list, or LangChain's {"decisions": [...]}.
@@ -279,8 +297,7 @@ def thread_resume(*, thread: Thread, resume: JSONValue, actor: Actor) -> Run:
 
 def _lock_suspended_run_of(thread: Thread) -> Run:
     """Lock the thread, then its suspended top-level run (Conflict when there is none)."""
-    _lock_thread(thread.id)
-    run = _lock_newest_suspended_run(thread.id)
+    run = _lock_newest_suspended_run(thread.id, lock_thread=True)
     if run is None:
         raise Conflict(
             f"Thread {thread.id} has no suspended run to resume", code="nothing_to_resume"

@@ -46,7 +46,7 @@ from runs.services.core import (
 )
 from runs.services.decisions import thread_resume
 from runs.services.search import new_run_document, search_refresh, search_refresh_thread
-from runs.services.threads import _thread_in_scope, thread_create
+from runs.services.threads import thread_create
 from runs.webhooks import validate_url
 
 
@@ -114,9 +114,13 @@ def run_create(
                 "required with command.resume",
                 detail="You must provide a thread_id when resuming.",
             )
-        thread = _thread_in_scope(thread_id, pinned_resource_id)
         with transaction.atomic():
-            resumed = thread_resume(thread=thread, resume=command["resume"], actor=actor)
+            resumed = thread_resume(
+                thread_id=thread_id,
+                resume=command["resume"],
+                actor=actor,
+                pinned_resource_id=pinned_resource_id,
+            )
             if webhook:
                 # Still uncommitted, so no worker can have finished it without the webhook.
                 Run.objects.filter(id=resumed.id).update(webhook=webhook)
