@@ -270,10 +270,13 @@ _LOCK_RUN_COLUMNS = (
     f" AND c.status IN {_sql_in(ACTIVE_STATUSES)}) AS has_children"
     " FROM runs_run r WHERE r.id = %s"
 )
-_LOCK_THREAD_THEN_RUN_SQL = (
+# A thread's lock taken first in a run's locking statement (PostgreSQL): the run's scan
+# evaluates it (a one-time condition, `EXISTS (SELECT 1 FROM t)`) before its own lock.
+_THREAD_LOCK_CTE = (
     "WITH t AS MATERIALIZED (SELECT id FROM runs_thread WHERE id = %s FOR NO KEY UPDATE) "
-    + _LOCK_RUN_COLUMNS
-    + " AND EXISTS (SELECT 1 FROM t) FOR NO KEY UPDATE OF r"
+)
+_LOCK_THREAD_THEN_RUN_SQL = (
+    _THREAD_LOCK_CTE + _LOCK_RUN_COLUMNS + " AND EXISTS (SELECT 1 FROM t) FOR NO KEY UPDATE OF r"
 )
 _LOCK_RUN_SQL = {
     "postgresql": f"{_LOCK_RUN_COLUMNS} FOR NO KEY UPDATE OF r",
@@ -316,8 +319,9 @@ def _lock_newest_suspended_run(
     params: list[Any] = [_uuid_param(thread_id)]
     scoped = pinned_resource_id is not None
     if lock_thread and _is_postgres():
-        scope = " AND resource_id = %s" if scoped else ""
-        head = f"WITH t AS MATERIALIZED (SELECT id FROM runs_thread WHERE id = %s{scope} FOR NO KEY UPDATE) "
+        head = _THREAD_LOCK_CTE
+        if scoped:
+            head = head.replace("id = %s", "id = %s AND resource_id = %s")
         where += " AND EXISTS (SELECT 1 FROM t)"
         params = [_uuid_param(thread_id), *([pinned_resource_id] if scoped else []), *params]
     else:

@@ -224,9 +224,7 @@ def thread_resume(
         )
         if run is None:
             _thread_in_scope(thread_id, pinned_resource_id)
-            raise Conflict(
-                f"Thread {thread_id} has no suspended run to resume", code="nothing_to_resume"
-            )
+            raise _nothing_to_resume(thread_id)
         waiting = _waiting_calls(run)
         writes = _deferred(run, waiting)
         # The Agent Inbox's [HumanResponse] list, or LangChain's {"decisions": [...]}.
@@ -299,10 +297,12 @@ def _lock_suspended_run_of(thread: Thread) -> Run:
     """Lock the thread, then its suspended top-level run (Conflict when there is none)."""
     run = _lock_newest_suspended_run(thread.id, lock_thread=True)
     if run is None:
-        raise Conflict(
-            f"Thread {thread.id} has no suspended run to resume", code="nothing_to_resume"
-        )
+        raise _nothing_to_resume(thread.id)
     return run
+
+
+def _nothing_to_resume(thread_id: UUID) -> Conflict:
+    return Conflict(f"Thread {thread_id} has no suspended run to resume", code="nothing_to_resume")
 
 
 def _tool_parameters(run: Run, waiting: list[ToolCall]) -> dict[str, dict[str, Any] | None]:
