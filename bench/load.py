@@ -1,7 +1,7 @@
-"""Load: two Daphne instances and two workers on PostgreSQL + Redis, 200 websocket clients and
+"""Load: two web instances (Daphne, or uvicorn with --server uvicorn) and two workers on PostgreSQL + Redis, 200 websocket clients and
 API traffic (create runs, list suspended runs, approve, cancel) for a fixed time.
 
-    DATABASE_URL=postgres://…/runsite_bench REDIS_URL=redis://…/0 python bench/load.py [--seconds 60]
+    DATABASE_URL=postgres://…/runsite_bench REDIS_URL=redis://…/0 python bench/load.py [--seconds 60] [--server daphne|uvicorn]
 
 Prints throughput and p50/p95/p99 per endpoint, commit→websocket delivery latency, errors and
 server memory before/after, with the machine. Loopback only; bounded in time. The database's
@@ -40,6 +40,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from runs import services  # noqa: E402
+from runsite import servers  # noqa: E402
 
 
 def free_port() -> int:
@@ -56,22 +57,13 @@ def rss_mb(pid: int) -> float:
 
 
 def start_processes(
-    env: dict[str, str],
+    env: dict[str, str], server: str
 ) -> tuple[list[tuple[str, subprocess.Popen]], list[subprocess.Popen]]:
     webs = []
     for _ in range(2):
         port = free_port()
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "runsite.asgi:application",
-            ],
+            servers.command(server, host="127.0.0.1", port=port),
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -247,6 +239,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--api-clients", type=int, default=8)
+    parser.add_argument("--server", choices=servers.SERVERS, default=servers.DEFAULT)
     args = parser.parse_args()
     if connection.vendor != "postgresql" or not os.environ.get("REDIS_URL"):
         sys.exit("bench/load.py needs DATABASE_URL=postgres://… and REDIS_URL=redis://…")
@@ -266,7 +259,7 @@ def main() -> None:
     session.create()
     _, key = services.api_key_create(name=f"load-{int(time.time())}")
     env = {**os.environ, "ALLOWED_HOSTS": "127.0.0.1,localhost", "RUNS_API_AUTH": "on"}
-    webs, workers = start_processes(env)
+    webs, workers = start_processes(env, args.server)
     try:
         mem_before = [rss_mb(p.pid) for _, p in webs]
         t0 = time.monotonic()
@@ -294,7 +287,7 @@ def main() -> None:
     total = sum(len(v) for v in stats.latency.values())
     print(f"machine: {machine()}")
     print(
-        f"load: {args.clients} websocket clients on 2 Daphne instances, {args.api_clients} API clients, "
+        f"load: {args.clients} websocket clients on 2 {args.server} instances, {args.api_clients} API clients, "
         f"2 workers x concurrency 4, {args.seconds:.0f}s"
     )
     print(f"API requests: {total} in {elapsed:.1f}s = {total / elapsed:.0f} req/s")

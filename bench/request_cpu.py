@@ -34,6 +34,8 @@ from langgraph_sdk import get_client
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, machine, setup_django  # noqa: E402
 
+from runsite import servers  # noqa: E402
+
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -59,15 +61,14 @@ def free_port() -> int:
 class Site:
     """One Daphne and two workers on this database, as the peers' sitting runs them."""
 
-    def __init__(self) -> None:
+    def __init__(self, server: str) -> None:
         self.port = free_port()
         env = {**os.environ, "DEBUG": "False", "RUNS_EMBEDDED_WORKER": "0"}
         env.setdefault("ALLOWED_HOSTS", "127.0.0.1")
         env.setdefault("SECRET_KEY", "bench-request-cpu")
         out = subprocess.DEVNULL
         self.web = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port)]
-            + ["runsite.asgi:application"],
+            servers.command(server, host="127.0.0.1", port=self.port),
             cwd=ROOT,
             env=env,
             stdout=out,
@@ -97,7 +98,7 @@ class Site:
 
     def processes(self) -> dict[str, list[int]]:
         return {
-            "daphne": [self.web.pid],
+            "web": [self.web.pid],
             "workers": [w.pid for w in self.workers],
             "postgres": pids_named("postgres"),
             "redis": pids_named("redis-server"),
@@ -163,6 +164,7 @@ def main() -> None:
     parser.add_argument("--ops", default="echo,join,get,refund")
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--server", choices=servers.SERVERS, default=servers.DEFAULT)
     args = parser.parse_args()
     setup_django()
     from django.core.management import call_command
@@ -172,9 +174,9 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     key = services.api_key_create(name=f"request-cpu-{os.getpid()}")[1]
     print("machine:", machine())
-    print("one Daphne, two runagents --concurrency 5; sequential langgraph_sdk client")
+    print(f"one {args.server}, two runagents --concurrency 5; sequential langgraph_sdk client")
     for round_ in range(1, args.rounds + 1):
-        site = Site()
+        site = Site(args.server)
         try:
             for op in args.ops.split(","):
                 print(f"round {round_}: " + asyncio.run(measure(site, key, op.strip(), args.n)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from asgiref.typing import (
     ASGI3Application,
@@ -18,6 +18,9 @@ from asgiref.typing import (
     Scope,
 )
 from django.core.asgi import get_asgi_application
+
+if TYPE_CHECKING:
+    from runs.engine.worker import Worker
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runsite.settings")
 django_asgi_app = get_asgi_application()
@@ -51,9 +54,29 @@ _router = ProtocolTypeRouter(
 )
 
 
+async def _lifespan(receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+    """ASGI's lifespan protocol, for servers that speak it (uvicorn; Daphne does not). Start-up
+    has nothing to do (everything is loaded at import); at shutdown the embedded worker gives its
+    runs back before the server exits (Daphne's exit reaches the same through an exit hook)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            if _embedded_worker is not None:
+                from runs.engine.worker import stop_embedded_worker
+
+                await asyncio.to_thread(stop_embedded_worker, _embedded_worker)
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 async def application(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
     # Publishes from worker threads must reach the in-memory channel layer on this loop.
     live.bind_server_loop(asyncio.get_running_loop())
+    if scope["type"] == "lifespan":
+        await _lifespan(receive, send)
+        return
     if scope["type"] != "http":
         await _router(scope, receive, send)
         return
@@ -75,7 +98,8 @@ async def application(scope: Scope, receive: ASGIReceiveCallable, send: ASGISend
     await _router(extended, watched_receive, send)
 
 
+_embedded_worker: Worker | None = None
 if settings.RUNS_EMBEDDED_WORKER:
     from runs.engine.worker import start_embedded_worker
 
-    start_embedded_worker()
+    _embedded_worker = start_embedded_worker()

@@ -500,7 +500,7 @@ def start_embedded_worker(**kwargs: Any) -> Worker:
     """Start a Worker on a daemon thread inside this process (server embedded mode).
 
     When the server exits (Ctrl-C or SIGTERM stop Daphne's reactor, then the interpreter runs its
-    exit hooks) the worker stops claiming and gives its runs back to the queue, as a standalone
+    exit hooks; uvicorn announces its shutdown first) the worker stops claiming and gives its runs back to the queue, as a standalone
     worker does on SIGTERM; a short grace keeps the whole exit within a few seconds.
     """
     kwargs.setdefault(
@@ -511,10 +511,15 @@ def start_embedded_worker(**kwargs: Any) -> Worker:
         target=worker.run_forever, name="runsite-embedded-worker", daemon=True
     )
     thread.start()
-
-    def stop_at_exit() -> None:
-        worker.stop()
-        worker.wait_stopped(timeout=worker.shutdown_grace + 2.0)
-
-    atexit.register(stop_at_exit)
+    atexit.register(stop_embedded_worker, worker)
     return worker
+
+
+def stop_embedded_worker(worker: Worker) -> None:
+    """Stop claiming and give the runs in flight back to the queue, within the short grace.
+
+    Called at exit, and by servers that announce their shutdown (ASGI lifespan, runsite/asgi.py):
+    uvicorn ends a SIGTERM by raising the signal again with its default action, which skips
+    the interpreter's exit hooks. Calling it twice is harmless."""
+    worker.stop()
+    worker.wait_stopped(timeout=worker.shutdown_grace + 2.0)

@@ -1,11 +1,13 @@
-"""A real Runsite for end-to-end tests: Daphne on a free port (with its embedded worker, plus
-optional `runagents` processes) on this test's database."""
+"""A real Runsite for end-to-end tests: a web server on a free port (with its embedded worker,
+plus optional `runagents` processes) on this test's database.
+
+The server is Daphne; tests marked `every_server` run once under each supported server
+(runsite/servers.py), which all start through the same command line as in production."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -14,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from runsite import servers
 from tests.helpers import ROOT, subprocess_env
 
 
@@ -44,8 +47,13 @@ class LiveRunsite:
                 self.proc.wait()
 
 
-def start_daphne(
-    tmp_path: Path, *, name: str = "web", embedded_worker: bool = True, **env: str
+def start_site(
+    tmp_path: Path,
+    *,
+    name: str = "web",
+    server: str = servers.DEFAULT,
+    embedded_worker: bool = True,
+    **env: str,
 ) -> LiveRunsite:
     port = free_port()
     log = tmp_path / f"{name}-{port}.log"
@@ -58,16 +66,7 @@ def start_daphne(
     )
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "runsite.asgi:application",
-            ],
+            servers.command(server, host="127.0.0.1", port=port),
             cwd=ROOT,
             env=full_env,
             stdout=out,
@@ -77,7 +76,7 @@ def start_daphne(
     end = time.monotonic() + 30
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise RuntimeError(f"daphne exited early:\n{site.output()}")
+            raise RuntimeError(f"{server} exited early:\n{site.output()}")
         try:
             if httpx.get(f"{site.url}/healthz", timeout=1).status_code == 200:
                 return site
@@ -85,24 +84,40 @@ def start_daphne(
             pass
         time.sleep(0.1)
     site.stop()
-    raise TimeoutError(f"daphne did not answer:\n{site.output()}")
+    raise TimeoutError(f"{server} did not answer:\n{site.output()}")
 
 
 @pytest.fixture
-def live_runsite(transactional_db, tmp_path: Path) -> Iterator[LiveRunsite]:
-    """One Daphne process with the embedded worker, API auth off."""
-    site = start_daphne(tmp_path)
+def server() -> str:
+    """The ASGI server the e2e tests start: Daphne, or each one for tests marked every_server."""
+    return servers.DEFAULT
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Tests of what depends on the server (the SDK's calls, disconnects, websockets, shutdown)
+    # run once per supported server; the rest run under the default.
+    if metafunc.definition.get_closest_marker("every_server") and "server" in metafunc.fixturenames:
+        metafunc.parametrize("server", servers.SERVERS)
+
+
+@pytest.fixture
+def live_runsite(transactional_db, tmp_path: Path, server: str) -> Iterator[LiveRunsite]:
+    """One web process with the embedded worker, API auth off."""
+    site = start_site(tmp_path, server=server)
     yield site
     site.stop()
 
 
 @pytest.fixture
-def daphne_factory(transactional_db, tmp_path: Path) -> Iterator[Callable[..., LiveRunsite]]:
-    """Start Daphne processes with custom settings (auth on, no embedded worker, …)."""
+def site_factory(
+    transactional_db, tmp_path: Path, server: str
+) -> Iterator[Callable[..., LiveRunsite]]:
+    """Start web processes with custom settings (auth on, no embedded worker, …)."""
     sites: list[LiveRunsite] = []
 
     def start(**kwargs: object) -> LiveRunsite:
-        site = start_daphne(tmp_path, name=f"web{len(sites)}", **kwargs)  # type: ignore[arg-type]
+        kwargs.setdefault("server", server)
+        site = start_site(tmp_path, name=f"web{len(sites)}", **kwargs)  # type: ignore[arg-type]
         sites.append(site)
         return site
 

@@ -1,5 +1,5 @@
 """The JSON API's own middleware chain (settings.API_MIDDLEWARE, runsite/asgi.py) over a real
-Daphne: what the API keeps (CORS, security headers, NUL refusal, API keys) and what it sheds
+server (each supported one): what the API keeps (CORS, security headers, NUL refusal, API keys) and what it sheds
 (sessions, CSRF, frame options), while the dashboard keeps the full chain."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ from __future__ import annotations
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.every_server]
 
 ORIGIN = "http://localhost:3000"
 
 
 @pytest.fixture
-def site(daphne_factory):
-    return daphne_factory(RUNS_CORS_ALLOWED_ORIGINS=ORIGIN, RUNS_API_AUTH="on")
+def site(site_factory):
+    return site_factory(RUNS_CORS_ALLOWED_ORIGINS=ORIGIN, RUNS_API_AUTH="on")
 
 
 def test_it_answers_a_cors_preflight_from_an_allowed_origin(site):

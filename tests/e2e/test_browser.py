@@ -161,6 +161,7 @@ def test_a_reviewer_approves_in_the_inbox_and_sees_success_without_reloading(
     assert AuditEntry.objects.get(run_id=run.id, action="approve").actor == "rita"
 
 
+@pytest.mark.every_server
 def test_a_decline_in_one_browser_shows_in_the_other_and_disables_its_approve(
     web: Browser, reviewer: User, reviewer2: User
 ) -> None:

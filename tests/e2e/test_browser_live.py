@@ -49,15 +49,16 @@ def test_without_a_websocket_the_page_says_so_and_polls(
 
 
 @pytest.mark.postgres
+@pytest.mark.every_server
 def test_a_change_made_by_a_worker_process_reaches_the_browser(
     browser: Any,  # noqa: F811
-    daphne_factory: Any,
+    site_factory: Any,
     start_worker: Any,
     reviewer: User,
 ) -> None:
     if not os.environ.get("REDIS_URL"):
         pytest.skip("across processes the channel layer is Redis: set REDIS_URL")
-    site = daphne_factory(embedded_worker=False)
+    site = site_factory(embedded_worker=False)
     start_worker(concurrency=2)
     web = Browser(browser, site.url)
     try:

@@ -52,7 +52,7 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(daphne_factory, start_worker) -> Cluster:
+def cluster(site_factory, start_worker) -> Cluster:
     if not os.environ.get("REDIS_URL"):
         if os.environ.get("CI"):
             pytest.fail("the cluster tests need REDIS_URL (CI is set)")
@@ -60,7 +60,7 @@ def cluster(daphne_factory, start_worker) -> Cluster:
     _, raw = services.api_key_create(name="cluster")
 
     def web() -> LiveRunsite:
-        return daphne_factory(embedded_worker=False, RUNS_API_AUTH="on", **FAST)
+        return site_factory(embedded_worker=False, RUNS_API_AUTH="on", **FAST)
 
     def worker() -> WorkerProcess:
         return start_worker(concurrency=4, **FAST)

@@ -20,8 +20,8 @@ GRAPHS = str(Path(__file__).resolve().parent.parent / "graphs" / "langgraph.json
 
 
 @pytest.fixture
-def site(daphne_factory: Any) -> Any:
-    return daphne_factory(RUNS_GRAPHS=GRAPHS, RUNS_POLL_SECONDS="0.2")
+def site(site_factory: Any) -> Any:
+    return site_factory(RUNS_GRAPHS=GRAPHS, RUNS_POLL_SECONDS="0.2")
 
 
 async def test_the_sdk_streams_a_tool_calling_graph_through_its_review(site: Any) -> None:
@@ -64,7 +64,7 @@ async def test_the_sdk_streams_a_tool_calling_graph_through_its_review(site: Any
 
 @pytest.mark.postgres
 def test_a_graph_resumes_from_its_last_super_step_after_a_worker_is_killed(
-    daphne_factory: Any, start_worker: Any
+    site_factory: Any, start_worker: Any
 ) -> None:
     fast = {
         "RUNS_GRAPHS": GRAPHS,
@@ -73,7 +73,7 @@ def test_a_graph_resumes_from_its_last_super_step_after_a_worker_is_killed(
         "RUNS_REAPER_SECONDS": "0.5",
         "RUNS_POLL_SECONDS": "0.2",
     }
-    site = daphne_factory(embedded_worker=False, **fast)
+    site = site_factory(embedded_worker=False, **fast)
     victim = start_worker(concurrency=1, **fast)
     with httpx.Client(base_url=site.url + "/api", timeout=30) as http:
         tid = http.post("/threads", json={}).json()["thread_id"]

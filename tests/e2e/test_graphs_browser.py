@@ -24,8 +24,8 @@ chromium = pytest.fixture(scope="module", name="chromium")(test_browser.browser.
 
 
 @pytest.fixture
-def graph_web(chromium: Any, daphne_factory: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
-    site = daphne_factory(RUNS_GRAPHS=GRAPHS, RUNS_POLL_SECONDS="0.2")
+def graph_web(chromium: Any, site_factory: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    site = site_factory(RUNS_GRAPHS=GRAPHS, RUNS_POLL_SECONDS="0.2")
     b = Browser(chromium, site.url)
     yield b, site
     b.close()

@@ -15,9 +15,9 @@ pytestmark = [pytest.mark.e2e]
 
 
 @pytest.fixture
-def client(daphne_factory: Callable[..., Any]) -> Any:
+def client(site_factory: Callable[..., Any]) -> Any:
     # A fast reaper so a thread's ttl (in minutes, fractions allowed) runs out within the test.
-    site = daphne_factory(RUNS_REAPER_SECONDS="0.2", RUNS_POLL_SECONDS="0.2")
+    site = site_factory(RUNS_REAPER_SECONDS="0.2", RUNS_POLL_SECONDS="0.2")
     return get_sync_client(url=site.url + "/api", api_key=None)
 
 

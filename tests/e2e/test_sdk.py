@@ -1,5 +1,5 @@
 """The LangGraph-compatible API, driven only through the official `langgraph_sdk` client against a
-real Daphne server with its worker (the reference's method table, call by call)."""
+real server (Daphne, and uvicorn: every_server) with its worker (the reference's method table, call by call)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from langgraph_sdk.errors import ConflictError, NotFoundError, UnprocessableEnti
 from runs.engine import Agent, FinalAnswer, ProposedCall, ScriptedModel, ToolCalls, tool
 from runs.engine.context import NonRetryableError
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.every_server]
 
 SLOW = {"steps": 50, "delay_ms": 50}  # ~3 s: long enough to catch it running, short to finish
 REJECT_TEXT = "Thread is already running a task"
@@ -50,8 +50,8 @@ EXTRA_AGENTS = [
 
 
 @pytest.fixture
-def site(daphne_factory: Callable[..., Any]) -> Any:
-    return daphne_factory(
+def site(site_factory: Callable[..., Any]) -> Any:
+    return site_factory(
         RUNS_AGENTS="runs.agents.BUILTIN_AGENTS,tests.e2e.test_sdk.EXTRA_AGENTS",
         RUNS_POLL_SECONDS="0.2",
     )

@@ -8,7 +8,7 @@ from runs import services
 from runs.models import Run, RunStatus
 from tests.helpers import wait_for
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.every_server]
 
 
 def test_it_serves_health_and_runs_an_agent(live_runsite) -> None:

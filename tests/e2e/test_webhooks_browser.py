@@ -28,7 +28,7 @@ def receiver() -> Iterator[Receiver]:
 
 def test_a_failing_webhook_shows_retrying_then_sent_without_a_reload(
     browser: Any,  # noqa: F811 - the fixture
-    daphne_factory: Callable[..., Any],
+    site_factory: Callable[..., Any],
     receiver: Receiver,
     reviewer: User,
     settings: Any,
@@ -42,7 +42,7 @@ def test_a_failing_webhook_shows_retrying_then_sent_without_a_reload(
         original(handler)
 
     receiver.server.RequestHandlerClass.do_POST = fails_until_healthy  # type: ignore[attr-defined]
-    site = daphne_factory(
+    site = site_factory(
         RUNS_WEBHOOK_ALLOW_PRIVATE="1",
         RUNS_WEBHOOK_BACKOFF_SECONDS="0.5",
         RUNS_WEBHOOK_BACKOFF_MAX_SECONDS="1",

@@ -27,8 +27,8 @@ def receiver() -> Any:
 
 
 @pytest.fixture
-def client(daphne_factory: Callable[..., Any]) -> Any:
-    site = daphne_factory(
+def client(site_factory: Callable[..., Any]) -> Any:
+    site = site_factory(
         RUNS_WEBHOOK_ALLOW_PRIVATE="1",
         RUNS_WEBHOOK_SECRET="s3cret",
         RUNS_POLL_SECONDS="0.2",
