@@ -5,12 +5,14 @@ uvicorn's own: ASGI's lifespan protocol, and the documented command line."""
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import httpx
 import pytest
 
 from runsite import servers
 from tests.e2e.conftest import start_site
+from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.e2e]
 
@@ -48,3 +50,18 @@ def test_each_command_line_is_one_its_server_accepts(server: str) -> None:
     for option in argv[3:-1]:
         if option.startswith("-"):
             assert option in help_text, option
+
+
+def test_the_command_in_the_deploy_guide_is_one_uvicorn_accepts() -> None:
+    guide = (ROOT / "docs" / "deploy.md").read_text()
+    section = guide.split("### uvicorn instead of Daphne", 1)[1]
+    block = section.split("```bash", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    words = block.split()
+    assert words[0] == "uvicorn" and words[-1] == servers.APPLICATION
+    help_text = subprocess.run(
+        [sys.executable, "-m", "uvicorn", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    options = [w.split("=", 1)[0] for w in words if w.startswith("--")]
+    assert "--timeout-graceful-shutdown" in options and "--proxy-headers" in options
+    for option in options:
+        assert option in help_text, option
