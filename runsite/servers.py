@@ -21,11 +21,12 @@ def command(server: str, *, host: str, port: int, proxy_headers: bool = False) -
     if server == "daphne":
         options = ["-b", host, "-p", str(port)] + (["--proxy-headers"] if proxy_headers else [])
     elif server == "uvicorn":
-        # No access log, as Daphne without --access-log. uvloop and httptools are picked by
-        # uvicorn itself when installed (requirements.txt installs both). On SIGTERM uvicorn
-        # waits for every open response, and a stream of a long run would hold it for the run's
-        # whole length: open streams get GRACE_SECONDS (Daphne closes them at once).
-        options = ["--host", host, "--port", str(port), "--no-access-log"]
+        # uvloop and httptools are picked by uvicorn itself when installed (requirements.txt
+        # installs both). Both servers write their access log to stdout, as by default. On
+        # SIGTERM uvicorn waits for every open response, and a stream of a long run would hold
+        # it for the run's whole length: open streams get GRACE_SECONDS (Daphne closes them at
+        # once).
+        options = ["--host", host, "--port", str(port)]
         options += ["--timeout-graceful-shutdown", str(GRACE_SECONDS)]
         options.append("--proxy-headers" if proxy_headers else "--no-proxy-headers")
     else:
