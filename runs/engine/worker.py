@@ -500,8 +500,9 @@ def start_embedded_worker(**kwargs: Any) -> Worker:
     """Start a Worker on a daemon thread inside this process (server embedded mode).
 
     When the server exits (Ctrl-C or SIGTERM stop Daphne's reactor, then the interpreter runs its
-    exit hooks; uvicorn announces its shutdown first) the worker stops claiming and gives its runs back to the queue, as a standalone
-    worker does on SIGTERM; a short grace keeps the whole exit within a few seconds.
+    exit hooks; uvicorn announces its shutdown first) the worker stops claiming and gives its
+    runs back to the queue, as a standalone worker does on SIGTERM; a short grace keeps the whole
+    exit within a few seconds.
     """
     kwargs.setdefault(
         "shutdown_grace", min(EMBEDDED_SHUTDOWN_GRACE, settings.RUNS_SHUTDOWN_GRACE_SECONDS)
