@@ -90,6 +90,28 @@ def _sql_in(values: Iterable[str]) -> str:
     return "(" + ", ".join(f"'{v}'" for v in values) + ")"
 
 
+def _thread_has_run_in(thread: str, statuses: Iterable[str], *, besides: str = "") -> str:
+    """SQL: whether the thread (an SQL expression) has a top-level run in one of `statuses`
+    (`besides`: more conditions on `o`, starting with AND).
+
+    One EXISTS per status, each an equality the partial index of that status matches
+    (`run_thread_queue_idx` for pending, `one_running_run_per_thread` for running,
+    `run_thread_suspended_idx` for suspended; the planner may prefer the global queue or status
+    index while it holds only a few rows). One `status IN (...)` instead matched none of them,
+    and the planner walked every run the thread ever had, or every pending and running run
+    with dead index entries, checking each row's status: a thread's thousandth run paid for the
+    other 999 at every change of its status."""
+    return (
+        "("
+        + " OR ".join(
+            f"EXISTS (SELECT 1 FROM runs_run o WHERE o.thread_id = {thread}"
+            f" AND o.parent_run_id IS NULL{besides} AND o.status = '{status}')"
+            for status in statuses
+        )
+        + ")"
+    )
+
+
 def _update_returning(
     qs: QuerySet[Any], returning: Sequence[str], **values: object
 ) -> list[tuple[Any, ...]]:
@@ -454,25 +476,34 @@ def _refresh_thread(
 # the ORM: this runs on every create, suspend, resume, cancel and end of a run, and compiling
 # the same UPDATE through Case/Exists/Subquery cost ~4 ms of CPU a call against well under 1 ms
 # to run it. Twin: the `thread` CTE of finish._FINISH_SQL_POSTGRES.
-_OWN_RUNS = (
-    "SELECT 1 FROM runs_run o WHERE o.thread_id = runs_thread.id AND o.parent_run_id IS NULL"
-)
-_IN_FLIGHT = _sql_in((RunStatus.PENDING, RunStatus.RUNNING))
-_THREAD_STATUS_SQL = (
-    f"CASE WHEN EXISTS ({_OWN_RUNS} AND o.status IN {_IN_FLIGHT}) THEN '{ThreadStatus.BUSY}'"
-    f" WHEN EXISTS ({_OWN_RUNS} AND o.status = '{RunStatus.SUSPENDED}')"
-    f" THEN '{ThreadStatus.INTERRUPTED}' ELSE {{idle}} END"
-)
+_IN_FLIGHT = (RunStatus.PENDING, RunStatus.RUNNING)
+
+
+def _thread_status_sql(idle: str, besides: str = "") -> str:
+    """The rule: busy with a run in flight, interrupted with one waiting for a human, else
+    `idle` (an SQL expression). `besides`: runs left out, as `_thread_has_run_in` takes it."""
+    busy = _thread_has_run_in("runs_thread.id", _IN_FLIGHT, besides=besides)
+    waiting = _thread_has_run_in("runs_thread.id", (RunStatus.SUSPENDED,), besides=besides)
+    return (
+        f"CASE WHEN {busy} THEN '{ThreadStatus.BUSY}'"
+        f" WHEN {waiting} THEN '{ThreadStatus.INTERRUPTED}' ELSE {idle} END"
+    )
+
+
+def _expires_sql(besides: str = "") -> str:
+    """A stateless run's thread expires once nothing on it is active (the time is a parameter)."""
+    active = _thread_has_run_in("runs_thread.id", ACTIVE_STATUSES, besides=besides)
+    return (
+        f"CASE WHEN delete_when_done AND expires_at IS NULL AND NOT {active}"
+        " THEN %s ELSE expires_at END"
+    )
+
+
 _LAST_FINISHED_FAILED = (
     "(SELECT o.status FROM runs_run o WHERE o.thread_id = runs_thread.id"
     f" AND o.parent_run_id IS NULL AND o.status IN {_sql_in(TERMINAL_STATUSES)}"
     " ORDER BY o.finished_at DESC NULLS LAST, o.created_at DESC LIMIT 1)"
     f" IN {_sql_in((RunStatus.ERROR, RunStatus.TIMEOUT))}"
-)
-_EXPIRES_SQL = (
-    "CASE WHEN delete_when_done AND expires_at IS NULL"
-    f" AND NOT EXISTS ({_OWN_RUNS} AND o.status IN {_sql_in(ACTIVE_STATUSES)})"
-    " THEN %s ELSE expires_at END"
 )
 _LATEST_VALUES_SQL = (
     '(SELECT c."values" FROM runs_checkpoint c WHERE c.thread_id = runs_thread.id'
@@ -531,21 +562,26 @@ def _refresh_threads_statement(
             f"CASE WHEN {_LAST_FINISHED_FAILED} THEN '{ThreadStatus.ERROR}'"
             f" ELSE '{ThreadStatus.IDLE}' END"
         )
-    rule, expires, latest = _THREAD_STATUS_SQL.format(idle=idle), _EXPIRES_SQL, _LATEST_VALUES_SQL
     now = _now()
     db_time = DateTimeField().get_db_prep_value
     params: list[Any] = []
+    besides = ""
     if ending:
         left_out, left_out_params = _not_in("o.id", ending)
-        rule = rule.replace(_OWN_RUNS, f"{_OWN_RUNS} AND {left_out}")
-        expires = expires.replace(_OWN_RUNS, f"{_OWN_RUNS} AND {left_out}")
+        besides = f" AND {left_out}"
+    rule, expires, latest = (
+        _thread_status_sql(idle, besides),
+        _expires_sql(besides),
+        _LATEST_VALUES_SQL,
+    )
+    if ending:
         params += left_out_params * rule.count(left_out)
     params.append(db_time(now, connection))
     if suspending:
         expires = "expires_at"
     else:
         if ending:
-            params += left_out_params
+            params += left_out_params * expires.count(left_out)
         params.append(db_time(stateless_expiry(now), connection))
     assignments = ""
     if values is LATEST_VALUES:

@@ -38,6 +38,7 @@ from runs.services.core import (
     _publish,
     _publish_fenced,
     _refresh_thread,
+    _thread_has_run_in,
     _Unset,
     _validate_choice,
     logger,
@@ -109,6 +110,7 @@ def run_finish(
 
 
 # Twin of run_finish's ORM path above (fence, end the run, steps, events, thread status).
+_OTHERS = " AND o.id <> %(run)s"  # the run's own row still reads `running` in the snapshot
 _FINISH_SQL_POSTGRES = """
 WITH f AS (
     UPDATE runs_run
@@ -138,26 +140,25 @@ WITH f AS (
     -- The run's own row still reads `running` in this statement's snapshot: leave it out.
     UPDATE runs_thread
        SET status = CASE
-             WHEN EXISTS (SELECT 1 FROM runs_run o WHERE o.thread_id = %(thread)s
-                             AND o.parent_run_id IS NULL AND o.id <> %(run)s
-                             AND o.status IN ('pending', 'running')) THEN 'busy'
-             WHEN EXISTS (SELECT 1 FROM runs_run o WHERE o.thread_id = %(thread)s
-                             AND o.parent_run_id IS NULL AND o.id <> %(run)s
-                             AND o.status = 'suspended') THEN 'interrupted'
+             WHEN {busy} THEN 'busy'
+             WHEN {waiting} THEN 'interrupted'
              ELSE 'idle' END,
            values = %(values)s::jsonb, updated_at = %(now)s,
            -- A stateless run's thread expires once nothing on it is in flight (twin:
-           -- core._refresh_thread, which also holds the status rule above in the ORM).
+           -- core._thread_status_sql and core._expires_sql, the same rules).
            expires_at = CASE
              WHEN runs_thread.delete_when_done AND runs_thread.expires_at IS NULL
-                  AND NOT EXISTS (SELECT 1 FROM runs_run o WHERE o.thread_id = %(thread)s
-                                     AND o.parent_run_id IS NULL AND o.id <> %(run)s
-                                     AND o.status IN ('pending', 'running', 'suspended'))
+                  AND NOT {active}
              THEN %(expires)s ELSE runs_thread.expires_at END
      WHERE id = %(thread)s AND EXISTS (SELECT 1 FROM f)
 )
 SELECT last_seq, cancel_action, announce FROM f
-"""
+""".format(
+    # One EXISTS per status, each using that status's partial index (core._thread_has_run_in).
+    busy=_thread_has_run_in("%(thread)s", (RunStatus.PENDING, RunStatus.RUNNING), besides=_OTHERS),
+    waiting=_thread_has_run_in("%(thread)s", (RunStatus.SUSPENDED,), besides=_OTHERS),
+    active=_thread_has_run_in("%(thread)s", ACTIVE_STATUSES, besides=_OTHERS),
+)
 
 
 # The thread locked (the end takes it: thread, then run), and what the run's document is made of

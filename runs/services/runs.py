@@ -40,7 +40,7 @@ from runs.services.core import (
     _now,
     _publish,
     _refresh_thread,
-    _sql_in,
+    _thread_has_run_in,
     _uuid_param,
     _validate_choice,
 )
@@ -197,10 +197,10 @@ def run_create(
 # on PostgreSQL the new row is not visible yet, one statement after another on SQLite it is),
 # and whether it had runs before it.
 _QUEUED_SQL = (
-    "SELECT EXISTS (SELECT 1 FROM runs_run o WHERE o.thread_id = %s AND o.parent_run_id IS NULL"
-    f" AND o.id <> %s AND o.status IN {_sql_in(ACTIVE_STATUSES)}),"
+    f"SELECT {_thread_has_run_in('%s', ACTIVE_STATUSES, besides=' AND o.id <> %s')},"
     " EXISTS (SELECT 1 FROM runs_run o WHERE o.thread_id = %s AND o.id <> %s)"
 )
+_QUEUED_PAIRS = len(ACTIVE_STATUSES) + 1  # (thread, run) parameters, one pair per EXISTS
 
 
 def _create_queued(run: Run, created: RunEvent, thread: Thread, agent_id: str) -> None:
@@ -235,7 +235,7 @@ def _create_queued(run: Run, created: RunEvent, thread: Thread, agent_id: str) -
             (thread_sql, thread_params),
         ],
         _QUEUED_SQL + (", pg_notify(%s, %s)" if notify else ""),
-        [thread_id, run_id, thread_id, run_id] + ([QUEUE_CHANNEL, ""] if notify else []),
+        [thread_id, run_id] * _QUEUED_PAIRS + ([QUEUE_CHANNEL, ""] if notify else []),
         connection.alias,
     )
     assert row is not None  # a SELECT without FROM answers one row
