@@ -18,6 +18,7 @@ from runs.models import (
     CancelAction,
     Run,
     RunStatus,
+    ThreadStatus,
 )
 from runs.services.cancel import _apply_cancel
 from runs.services.core import (
@@ -39,6 +40,7 @@ from runs.services.core import (
     _publish_fenced,
     _refresh_thread,
     _thread_has_run_in,
+    _thread_status_sql,
     _Unset,
     _validate_choice,
     logger,
@@ -139,13 +141,10 @@ WITH f AS (
 ), thread AS (
     -- The run's own row still reads `running` in this statement's snapshot: leave it out.
     UPDATE runs_thread
-       SET status = CASE
-             WHEN {busy} THEN 'busy'
-             WHEN {waiting} THEN 'interrupted'
-             ELSE 'idle' END,
+       SET status = {status},
            values = %(values)s::jsonb, updated_at = %(now)s,
-           -- A stateless run's thread expires once nothing on it is in flight (twin:
-           -- core._thread_status_sql and core._expires_sql, the same rules).
+           -- A stateless run's thread expires once nothing on it is in flight (as
+           -- core._expires_sql, whose time parameter is positional).
            expires_at = CASE
              WHEN runs_thread.delete_when_done AND runs_thread.expires_at IS NULL
                   AND NOT {active}
@@ -154,10 +153,9 @@ WITH f AS (
 )
 SELECT last_seq, cancel_action, announce FROM f
 """.format(
-    # One EXISTS per status, each using that status's partial index (core._thread_has_run_in).
-    busy=_thread_has_run_in("%(thread)s", (RunStatus.PENDING, RunStatus.RUNNING), besides=_OTHERS),
-    waiting=_thread_has_run_in("%(thread)s", (RunStatus.SUSPENDED,), besides=_OTHERS),
-    active=_thread_has_run_in("%(thread)s", ACTIVE_STATUSES, besides=_OTHERS),
+    # core's rules, with the run that ends here left out (it just succeeded: idle otherwise).
+    status=_thread_status_sql(f"'{ThreadStatus.IDLE}'", besides=_OTHERS),
+    active=_thread_has_run_in("runs_thread.id", ACTIVE_STATUSES, besides=_OTHERS),
 )
 
 
