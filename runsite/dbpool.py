@@ -1,4 +1,17 @@
-"""The check psycopg's pool runs before it lends a PostgreSQL connection (settings: `check=`).
+"""The PostgreSQL connection pool: the connection it lends, and the check it runs before lending.
+
+**Which connection.** psycopg's pool lends the connection idle longest (first in, first out), so a
+process cycles through every connection it ever opened. Each PostgreSQL connection keeps its own
+caches: the catalog entries of the tables it has touched, the statements psycopg has prepared on
+it (`DATABASE_PREPARE_THRESHOLD`) and, after five runs of a prepared statement, its generic plan.
+Cycling through ten connections, a statement run once per request (a cancel, a suspension) meets a
+cold connection every time: parsed and planned again, its tables' catalog read again (a cancel's
+write: 1.1 ms planned against 0.6 ms with its cached plan; 3-7 ms on a connection that never saw
+it). `LifoConnectionPool` lends the connection returned last, as SQLAlchemy's `pool_use_lifo`
+does: the few connections a process keeps busy stay warm, and the ones a burst opened stay idle
+until the pool's `max_idle` closes them (the pool closes from the other end, the idle-longest).
+
+**The check.** The pool runs it before it lends a connection (settings: `check=`).
 
 A connection the server has closed (a restart, `pg_terminate_backend`, a session timeout) has the
 server's goodbye waiting on its socket: an error message, then end of file. A healthy idle one
@@ -13,15 +26,28 @@ from __future__ import annotations
 import select
 import typing
 
+from psycopg_pool import ConnectionPool
+
 if typing.TYPE_CHECKING:
     import psycopg
+
+
+class LifoConnectionPool(ConnectionPool):
+    """psycopg's pool, lending the most recently returned connection first (see above)."""
+
+    def _get_ready_connection(self, timeout: float | None) -> typing.Any:
+        # Called under the pool's lock. Idle connections queue oldest first and the pool
+        # lends from the left: move the newest there. The rest keep their order, so the
+        # pool's shrinking (also from the left) still closes the one idle longest.
+        if self._pool:
+            self._pool.rotate(1)
+        return super()._get_ready_connection(timeout)
 
 
 def check_pooled_connection(conn: psycopg.Connection[typing.Any]) -> None:
     """Return quietly for a usable connection; raise for one the pool must not lend."""
     from psycopg import OperationalError
     from psycopg.pq import TransactionStatus
-    from psycopg_pool import ConnectionPool
 
     if conn.closed or conn.broken:
         raise OperationalError("the connection is closed")

@@ -214,6 +214,9 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     }
     _db["TEST"] = {"NAME": str(BASE_DIR / f"test-db-{os.getpid()}.sqlite3")}
 else:
+    # Django's PostgreSQL backend with a pool that lends the connection used last, whose caches
+    # (prepared statements, plans, catalog) are warm (runsite/dbpool.py).
+    _db["ENGINE"] = "runsite.postgres"
     # Under ASGI each request may run on a different thread, so persistent connections leak;
     # psycopg's pool gives reuse without that. Workers (a plain process) use the same setting.
     if env_bool("DATABASE_POOL", True):

@@ -1,5 +1,5 @@
-"""runsite/dbpool.py: the pool lends a healthy connection without a round trip, and never lends
-one the server has closed."""
+"""runsite/dbpool.py: the pool lends the connection returned last, lends a healthy connection
+without a round trip, and never lends one the server has closed."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import uuid
 import psycopg
 import pytest
 from django.db import connection
+from psycopg_pool import ConnectionPool
 
-from runsite.dbpool import check_pooled_connection
+from runsite.dbpool import LifoConnectionPool, check_pooled_connection
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -100,3 +101,34 @@ def test_a_request_after_its_pooled_connection_was_terminated_gets_a_fresh_one()
     with connection.cursor() as cursor:  # the pool's check replaces it: no error here
         cursor.execute("SELECT pg_backend_pid()")
         assert cursor.fetchone()[0] != pid
+
+
+def _lent_after_returning_in_order(pool_class: type[ConnectionPool]) -> tuple[int, list[int]]:
+    """Borrow three connections, return them first to last, borrow one: its backend and the
+    three returned, oldest first."""
+    with pool_class(kwargs=_conninfo(), min_size=3, max_size=3, open=True) as pool:
+        pool.wait()
+        borrowed = [pool.getconn() for _ in range(3)]
+        pids = [conn.info.backend_pid for conn in borrowed]
+        for conn in borrowed:
+            pool.putconn(conn)
+        lent = pool.getconn()
+        try:
+            return lent.info.backend_pid, pids
+        finally:
+            pool.putconn(lent)
+
+
+def test_the_pool_lends_the_connection_returned_last() -> None:
+    lent, returned = _lent_after_returning_in_order(LifoConnectionPool)
+    assert lent == returned[-1]
+    # psycopg's own pool lends the one idle longest: the difference this class makes.
+    lent, returned = _lent_after_returning_in_order(ConnectionPool)
+    assert lent == returned[0]
+
+
+def test_django_connections_come_from_that_pool() -> None:
+    assert isinstance(connection.pool, LifoConnectionPool)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)

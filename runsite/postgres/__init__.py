@@ -1,0 +1,1 @@
+"""Django's PostgreSQL backend with Runsite's connection pool (runsite/dbpool.py)."""
