@@ -15,7 +15,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import Client
 
-from runs import services
+from runs import selectors, services
 from runs.models import Run, RunStatus, Thread
 
 pytestmark = pytest.mark.django_db
@@ -486,9 +486,9 @@ def test_a_cancel_names_its_run_by_the_thread_it_is_on(api: Client) -> None:
 
 @pytest.mark.postgres
 @stream_db
-def test_a_cancel_with_wait_is_three_statements_on_postgresql(api: Client) -> None:
-    """The run locked and read (with its thread, by the path's ids), its end written, its
-    result read: no read of the run before the lock."""
+def test_a_cancel_with_wait_is_two_statements_on_postgresql(api: Client) -> None:
+    """The run locked and read (with its thread, by the path's ids), then its end written and
+    its result read in one statement: no read of the run before the lock, none after."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -499,9 +499,60 @@ def test_a_cancel_with_wait_is_three_statements_on_postgresql(api: Client) -> No
     assert r.status_code == 200
     assert r["Location"] == f"/threads/{tid}/runs/{run['run_id']}/join"
     statements = [q["sql"] for q in queries if q["sql"] not in ("BEGIN", "COMMIT")]
-    assert len(statements) == 3, [sql[:80] for sql in statements]
+    assert len(statements) == 2, [sql[:80] for sql in statements]
     assert statements[0].startswith("WITH t AS MATERIALIZED")  # the thread's lock, the run's
     assert Run.objects.get(id=run["run_id"]).status == RunStatus.INTERRUPTED
+
+
+@stream_db
+@pytest.mark.parametrize("action", ["interrupt", "rollback"])
+def test_a_cancel_with_wait_answers_what_a_join_answers_afterwards(
+    api: Client, drain: Any, action: str
+) -> None:
+    """The body a cancel with wait reads in its own statement is the one a join of the run
+    (or LangGraph's answer for a run that is gone) gives once the cancel is committed: the
+    run's newest checkpoint when interrupted, the thread's state from before it when rolled
+    back. On a thread with state of its own and a run with checkpoints, so each differs."""
+    tid = new_thread(api)
+    post(api, f"/threads/{tid}/runs", {"assistant_id": "echo", "input": {"first": 1}})
+    drain()
+    before = api.get(f"/api/threads/{tid}/state").json()["values"]
+    refund = post(
+        api,
+        f"/threads/{tid}/runs",
+        {"assistant_id": "refund", "input": {"order_id": "C3", "amount": 9}},
+    ).json()
+    drain()  # suspended, with checkpoints of its own
+    assert Run.objects.get(id=refund["run_id"]).checkpoints.exists()
+
+    r = api.post(f"/api/threads/{tid}/runs/{refund['run_id']}/cancel?wait=1&action={action}")
+    assert r.status_code == 200
+    answered = json.loads(r.content)
+    afterwards = selectors.run_result(uuid.UUID(refund["run_id"]), thread_id=uuid.UUID(tid))
+    assert answered == afterwards
+    if action == "rollback":
+        assert answered == before
+        assert api.get(f"/api/threads/{tid}/runs/{refund['run_id']}/join").status_code == 404
+    else:
+        assert answered != before
+        join = api.get(f"/api/threads/{tid}/runs/{refund['run_id']}/join")
+        assert json.loads(read(join)) == answered
+
+
+@stream_db
+def test_a_cancel_with_wait_of_a_run_without_checkpoints_answers_its_threads_state(
+    api: Client, drain: Any
+) -> None:
+    tid = new_thread(api)
+    post(api, f"/threads/{tid}/runs", {"assistant_id": "echo", "input": {"kept": 1}})
+    drain()
+    state = api.get(f"/api/threads/{tid}/state").json()["values"]
+    pending = post(api, f"/threads/{tid}/runs", {"assistant_id": "echo", "input": {"x": 2}}).json()
+    r = api.post(f"/api/threads/{tid}/runs/{pending['run_id']}/cancel?wait=1")
+    assert json.loads(r.content) == state
+    assert json.loads(r.content) == selectors.run_result(
+        uuid.UUID(pending["run_id"]), thread_id=uuid.UUID(tid)
+    )
 
 
 @stream_db

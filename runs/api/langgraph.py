@@ -683,18 +683,24 @@ def cancel_run(
     caller = caller_of(request)
     # LangGraph turns any other action into interrupt; an absent wait means no wait.
     action = "rollback" if action == "rollback" else "interrupt"
-    services.run_cancel_on_thread(
+    if not p.as_bool(wait):
+        services.run_cancel_on_thread(
+            thread_id=thread_id,
+            run_id=run_id,
+            action=action,
+            actor=caller.actor,
+            pinned_resource_id=caller.pinned_resource_id,
+        )
+        return HttpResponse(status=202)
+    # The cancel ends the run in its own (committed) transaction, running ones included, and
+    # reads the join body there: nothing to wait for.
+    result = services.run_cancel_on_thread_for_result(
         thread_id=thread_id,
         run_id=run_id,
         action=action,
         actor=caller.actor,
         pinned_resource_id=caller.pinned_resource_id,
     )
-    if not p.as_bool(wait):
-        return HttpResponse(status=202)
-    # The cancel ended the run in its own (committed) transaction, running ones included: the
-    # join body is ready, nothing to wait for.
-    result = selectors.run_result(run_id, thread_id=thread_id)
     base = _path_of(thread_id, run_id)
     return HttpResponse(
         json.dumps(result, default=str),

@@ -35,7 +35,13 @@ from runs.services.access import (
     groups_ensure,
 )
 from runs.services.agent_inbox import tool_call_inbox_decide
-from runs.services.cancel import run_cancel, run_cancel_on_thread, run_delete, runs_cancel_many
+from runs.services.cancel import (
+    run_cancel,
+    run_cancel_on_thread,
+    run_cancel_on_thread_for_result,
+    run_delete,
+    runs_cancel_many,
+)
 from runs.services.claims import (
     DEFAULT_CLAIM_MINUTES,
     MAX_CLAIM_MINUTES,
@@ -126,6 +132,7 @@ __all__ = [
     "run_acknowledge_cancel",
     "run_cancel",
     "run_cancel_on_thread",
+    "run_cancel_on_thread_for_result",
     "run_claim",
     "run_create",
     "run_create_child",

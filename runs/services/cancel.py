@@ -23,6 +23,12 @@ from runs.models import (
     RunStatus,
 )
 from runs.rows import insert, insert_statements, write_together
+from runs.selectors.results import (
+    result_after_cancel_params,
+    result_after_cancel_sql,
+    result_from_column,
+    run_result,
+)
 from runs.services.core import (
     CANCEL_CHANNEL,
     LATEST_VALUES,
@@ -81,24 +87,91 @@ def run_cancel_on_thread(
     """`run_cancel` of a run named by its thread and id, as LangGraph's cancel path names it,
     without reading it first: the lock finds it on that thread, in the key's scope, or answers
     NotFound (`run_not_found`) having changed nothing. Returns what `run_cancel` returns."""
+    return _cancel_on_thread(
+        thread_id=thread_id,
+        run_id=run_id,
+        action=action,
+        actor=actor,
+        reason=reason,
+        pinned_resource_id=pinned_resource_id,
+        answer=None,
+    )
+
+
+def run_cancel_on_thread_for_result(
+    *,
+    thread_id: UUID,
+    run_id: UUID,
+    action: str,
+    actor: Actor,
+    reason: str = "",
+    pinned_resource_id: str | None = None,
+) -> Any:
+    """`run_cancel_on_thread`, answering with what LangGraph's join answers for the run once
+    the cancel is committed (`selectors.run_result`: a cancel with wait=true). The cancel's own
+    statement reads it where it can (`selectors.result_after_cancel_sql`); otherwise (sub-agent
+    runs in flight) it is read after the commit."""
+    answer = _Answer()
+    _cancel_on_thread(
+        thread_id=thread_id,
+        run_id=run_id,
+        action=action,
+        actor=actor,
+        reason=reason,
+        pinned_resource_id=pinned_resource_id,
+        answer=answer,
+    )
+    if answer.read:
+        return answer.value
+    return run_result(run_id, thread_id=thread_id)
+
+
+class _Answer:
+    """Where `_cancel_together` leaves the join body it read in the cancel's statement."""
+
+    __slots__ = ("read", "value")
+
+    def __init__(self) -> None:
+        self.read = False
+        self.value: Any = None
+
+
+def _cancel_on_thread(
+    *,
+    thread_id: UUID,
+    run_id: UUID,
+    action: str,
+    actor: Actor,
+    reason: str,
+    pinned_resource_id: str | None,
+    answer: _Answer | None,
+) -> Run | None:
     _validate_choice(action, CancelAction.values, "action")
     with transaction.atomic():
         locked = _lock_run(run_id, on_thread=thread_id, pinned_resource_id=pinned_resource_id)
-        return _cancel_top_level(locked, action=action, actor=actor, reason=reason)
+        return _cancel_top_level(locked, action=action, actor=actor, reason=reason, answer=answer)
 
 
-def _cancel_top_level(run: Run, *, action: str, actor: Actor, reason: str) -> Run | None:
+def _cancel_top_level(
+    run: Run, *, action: str, actor: Actor, reason: str, answer: _Answer | None = None
+) -> Run | None:
     if run.parent_run_id is not None:
         raise Conflict(
             f"Run {run.id} is a sub-agent run; cancel its supervisor run "
             f"{run.parent_run_id} instead",
             code="sub_agent_run",
         )
-    return _cancel_locked(run, action=action, actor=actor, reason=reason)
+    return _cancel_locked(run, action=action, actor=actor, reason=reason, answer=answer)
 
 
 def _cancel_locked(
-    run: Run, *, action: str, actor: Actor, reason: str = "", via: str = ""
+    run: Run,
+    *,
+    action: str,
+    actor: Actor,
+    reason: str = "",
+    via: str = "",
+    answer: _Answer | None = None,
 ) -> Run | None:
     transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc())
     if run.status in TERMINAL_STATUSES:
@@ -126,7 +199,13 @@ def _cancel_locked(
     tell_worker = run.status == RunStatus.RUNNING
     if getattr(run, "has_children", True) is False:  # read by _lock_run: none in flight
         return _cancel_together(
-            run, action=action, actor=actor, reason=reason, audit=audit, tell_worker=tell_worker
+            run,
+            action=action,
+            actor=actor,
+            reason=reason,
+            audit=audit,
+            tell_worker=tell_worker,
+            answer=answer,
         )
     insert([audit])
     if tell_worker:
@@ -142,14 +221,32 @@ _INTERRUPT_SQL = (
 
 
 def _cancel_together(
-    run: Run, *, action: str, actor: Actor, reason: str, audit: AuditEntry, tell_worker: bool
+    run: Run,
+    *,
+    action: str,
+    actor: Actor,
+    reason: str,
+    audit: AuditEntry,
+    tell_worker: bool,
+    answer: _Answer | None = None,
 ) -> Run | None:
     """`_apply_cancel` of a run without sub-agent runs in flight, locked and read under the lock
     (its `last_seq` is the one to follow): the run's end or deletion, its event, the audit
     entry, the thread's status and values and the worker's notice in one statement on
-    PostgreSQL (`rows.write_together`; eight statements through `_apply_cancel`)."""
+    PostgreSQL (`rows.write_together`; eight statements through `_apply_cancel`). `answer`:
+    the statement also reads the run's join body (a top-level run on a thread, whose thread
+    this statement refreshes)."""
     notices = [cancel_notice(run.id, action)] if tell_worker else []
     told, select_params = _notified_by_select(CANCEL_CHANNEL, notices)
+    deleted = action == CancelAction.ROLLBACK
+    answering = answer is not None and run.thread_id is not None and run.parent_run_id is None
+    if answering:
+        # First, so that the row's first column is the answer whatever else is selected.
+        told = [result_after_cancel_sql(deleted=deleted), *told]
+        select_params = [
+            *result_after_cancel_params(run.id, run.thread_id, deleted=deleted),
+            *select_params,
+        ]
     select = f"SELECT {', '.join(told) or '1'}"
     result: Run | None
     if action == CancelAction.ROLLBACK:
@@ -166,7 +263,7 @@ def _cancel_together(
                     [run.thread_id], values=LATEST_VALUES, ending=[run.id], deleting=True
                 )
             )
-        write_together(writes, select, select_params, connection.alias)
+        row = write_together(writes, select, select_params, connection.alias)
         _publish(run, status="deleted", seq=run.last_seq + 1)
         result = None
     else:
@@ -202,13 +299,15 @@ def _cancel_together(
                     ending=[run.id],
                 )
             )
-        write_together(writes, select, select_params, connection.alias)
+        row = write_together(writes, select, select_params, connection.alias)
         logger.info(
             "cancel run=%s agent=%s action=interrupt attempt=%s", run.id, run.agent_id, run.attempt
         )
         _announce(run, RunStatus.INTERRUPTED)
         _publish(run)
         result = run
+    if answering and answer is not None and row is not None:
+        answer.read, answer.value = True, result_from_column(row[0])
     return result
 
 
