@@ -590,3 +590,32 @@ def test_it_sends_heartbeats_and_keep_alives_while_a_run_waits(monkeypatch: Any)
     body = async_to_sync(first)(streaming.result_body(run.id, thread_id=thread.id), 2)
     assert body == [b"\n", b"\n"]  # leading whitespace a JSON parser ignores
     assert Run.objects.get(id=run.id).status == RunStatus.PENDING  # no disconnect cancel asked
+
+
+@stream_db
+@pytest.mark.parametrize("action", ["interrupt", "rollback"])
+def test_a_cancel_with_wait_of_a_supervisor_answers_what_a_join_answers_afterwards(
+    api: Client, drain: Any, action: str
+) -> None:
+    """A run with a sub-agent run in flight is cancelled statement by statement (its children
+    with it): its join body is read once that is committed, and is the same answer."""
+    tid = new_thread(api)
+    post(api, f"/threads/{tid}/runs", {"assistant_id": "echo", "input": {"first": 1}})
+    drain()
+    supervisor = post(
+        api,
+        f"/threads/{tid}/runs",
+        {
+            "assistant_id": "support",
+            "input": {"message": "charged twice", "order_id": "A-9", "amount": 40.0},
+        },
+    ).json()
+    drain()
+    child = Run.objects.get(parent_run_id=supervisor["run_id"])
+    assert child.status == RunStatus.SUSPENDED
+
+    r = api.post(f"/api/threads/{tid}/runs/{supervisor['run_id']}/cancel?wait=1&action={action}")
+    assert r.status_code == 200
+    afterwards = selectors.run_result(uuid.UUID(supervisor["run_id"]), thread_id=uuid.UUID(tid))
+    assert json.loads(r.content) == afterwards
+    assert not Run.objects.filter(id=child.id, status=RunStatus.SUSPENDED).exists()

@@ -683,24 +683,20 @@ def cancel_run(
     caller = caller_of(request)
     # LangGraph turns any other action into interrupt; an absent wait means no wait.
     action = "rollback" if action == "rollback" else "interrupt"
-    if not p.as_bool(wait):
-        services.run_cancel_on_thread(
-            thread_id=thread_id,
-            run_id=run_id,
-            action=action,
-            actor=caller.actor,
-            pinned_resource_id=caller.pinned_resource_id,
-        )
-        return HttpResponse(status=202)
-    # The cancel ends the run in its own (committed) transaction, running ones included, and
-    # reads the join body there: nothing to wait for.
-    result = services.run_cancel_on_thread_for_result(
+    # With wait, the cancel ends the run in its own (committed) transaction, running ones
+    # included, and reads the join body there: nothing to wait for.
+    answer = services.CancelAnswer() if p.as_bool(wait) else None
+    services.run_cancel_on_thread(
         thread_id=thread_id,
         run_id=run_id,
         action=action,
         actor=caller.actor,
         pinned_resource_id=caller.pinned_resource_id,
+        answer=answer,
     )
+    if answer is None:
+        return HttpResponse(status=202)
+    result = answer.result
     base = _path_of(thread_id, run_id)
     return HttpResponse(
         json.dumps(result, default=str),

@@ -36,9 +36,9 @@ from runs.services.access import (
 )
 from runs.services.agent_inbox import tool_call_inbox_decide
 from runs.services.cancel import (
+    CancelAnswer,
     run_cancel,
     run_cancel_on_thread,
-    run_cancel_on_thread_for_result,
     run_delete,
     runs_cancel_many,
 )
@@ -109,6 +109,7 @@ __all__ = [
     "RETRY_MANY_LIMIT",
     "Actor",
     "BulkCancelResult",
+    "CancelAnswer",
     "ClaimedRun",
     "FenceResult",
     "Lease",
@@ -132,7 +133,6 @@ __all__ = [
     "run_acknowledge_cancel",
     "run_cancel",
     "run_cancel_on_thread",
-    "run_cancel_on_thread_for_result",
     "run_claim",
     "run_create",
     "run_create_child",

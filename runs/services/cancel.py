@@ -75,6 +75,19 @@ def run_cancel(
         )
 
 
+class CancelAnswer:
+    """Pass one to `run_cancel_on_thread` (a cancel with wait=true) for what LangGraph's join
+    answers for the run once the cancel is committed (`selectors.run_result`): `result`. The
+    cancel's own statement reads it where it can (`selectors.result_after_cancel_sql`: a run
+    without sub-agent runs in flight); otherwise it is read after the commit."""
+
+    __slots__ = ("read", "result")
+
+    def __init__(self) -> None:
+        self.read = False
+        self.result: Any = None
+
+
 def run_cancel_on_thread(
     *,
     thread_id: UUID,
@@ -83,77 +96,23 @@ def run_cancel_on_thread(
     actor: Actor,
     reason: str = "",
     pinned_resource_id: str | None = None,
+    answer: CancelAnswer | None = None,
 ) -> Run | None:
     """`run_cancel` of a run named by its thread and id, as LangGraph's cancel path names it,
     without reading it first: the lock finds it on that thread, in the key's scope, or answers
-    NotFound (`run_not_found`) having changed nothing. Returns what `run_cancel` returns."""
-    return _cancel_on_thread(
-        thread_id=thread_id,
-        run_id=run_id,
-        action=action,
-        actor=actor,
-        reason=reason,
-        pinned_resource_id=pinned_resource_id,
-        answer=None,
-    )
-
-
-def run_cancel_on_thread_for_result(
-    *,
-    thread_id: UUID,
-    run_id: UUID,
-    action: str,
-    actor: Actor,
-    reason: str = "",
-    pinned_resource_id: str | None = None,
-) -> Any:
-    """`run_cancel_on_thread`, answering with what LangGraph's join answers for the run once
-    the cancel is committed (`selectors.run_result`: a cancel with wait=true). The cancel's own
-    statement reads it where it can (`selectors.result_after_cancel_sql`); otherwise (sub-agent
-    runs in flight) it is read after the commit."""
-    answer = _Answer()
-    _cancel_on_thread(
-        thread_id=thread_id,
-        run_id=run_id,
-        action=action,
-        actor=actor,
-        reason=reason,
-        pinned_resource_id=pinned_resource_id,
-        answer=answer,
-    )
-    if answer.read:
-        return answer.value
-    return run_result(run_id, thread_id=thread_id)
-
-
-class _Answer:
-    """Where `_cancel_together` leaves the join body it read in the cancel's statement."""
-
-    __slots__ = ("read", "value")
-
-    def __init__(self) -> None:
-        self.read = False
-        self.value: Any = None
-
-
-def _cancel_on_thread(
-    *,
-    thread_id: UUID,
-    run_id: UUID,
-    action: str,
-    actor: Actor,
-    reason: str,
-    pinned_resource_id: str | None,
-    answer: _Answer | None,
-) -> Run | None:
+    NotFound (`run_not_found`) having changed nothing. Returns what `run_cancel` returns;
+    `answer`, when given, holds the run's join body after it (see CancelAnswer)."""
     _validate_choice(action, CancelAction.values, "action")
     with transaction.atomic():
         locked = _lock_run(run_id, on_thread=thread_id, pinned_resource_id=pinned_resource_id)
-        return _cancel_top_level(locked, action=action, actor=actor, reason=reason, answer=answer)
+        run = _cancel_top_level(locked, action=action, actor=actor, reason=reason, answer=answer)
+    if answer is not None and not answer.read:
+        answer.read, answer.result = True, run_result(run_id, thread_id=thread_id)
+    return run
 
 
 def _cancel_top_level(
-    run: Run, *, action: str, actor: Actor, reason: str, answer: _Answer | None = None
+    run: Run, *, action: str, actor: Actor, reason: str, answer: CancelAnswer | None = None
 ) -> Run | None:
     if run.parent_run_id is not None:
         raise Conflict(
@@ -171,7 +130,7 @@ def _cancel_locked(
     actor: Actor,
     reason: str = "",
     via: str = "",
-    answer: _Answer | None = None,
+    answer: CancelAnswer | None = None,
 ) -> Run | None:
     transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc())
     if run.status in TERMINAL_STATUSES:
@@ -228,7 +187,7 @@ def _cancel_together(
     reason: str,
     audit: AuditEntry,
     tell_worker: bool,
-    answer: _Answer | None = None,
+    answer: CancelAnswer | None = None,
 ) -> Run | None:
     """`_apply_cancel` of a run without sub-agent runs in flight, locked and read under the lock
     (its `last_seq` is the one to follow): the run's end or deletion, its event, the audit
@@ -307,7 +266,7 @@ def _cancel_together(
         _publish(run)
         result = run
     if answering and answer is not None and row is not None:
-        answer.read, answer.value = True, result_from_column(row[0])
+        answer.read, answer.result = True, result_from_column(row[0])
     return result
 
 
