@@ -696,7 +696,7 @@ def cancel_run(
     )
     if answer is None:
         return HttpResponse(status=202)
-    result = answer.result
+    result = answer.result if answer.read else selectors.run_result(run_id, thread_id=thread_id)
     base = _path_of(thread_id, run_id)
     return HttpResponse(
         json.dumps(result, default=str),

@@ -13,6 +13,11 @@ from django.db.models import DateTimeField, F, QuerySet
 from runs import metrics
 from runs.contracts import Actor, BulkCancelResult, actor_name
 from runs.exceptions import Conflict, ValidationFailed
+from runs.join_body import (
+    result_after_cancel_params,
+    result_after_cancel_sql,
+    result_from_column,
+)
 from runs.models import (
     ACTIVE_STATUSES,
     TERMINAL_STATUSES,
@@ -23,12 +28,6 @@ from runs.models import (
     RunStatus,
 )
 from runs.rows import insert, insert_statements, write_together
-from runs.selectors.results import (
-    result_after_cancel_params,
-    result_after_cancel_sql,
-    result_from_column,
-    run_result,
-)
 from runs.services.core import (
     CANCEL_CHANNEL,
     LATEST_VALUES,
@@ -77,9 +76,9 @@ def run_cancel(
 
 class CancelAnswer:
     """Pass one to `run_cancel_on_thread` (a cancel with wait=true) for what LangGraph's join
-    answers for the run once the cancel is committed (`selectors.run_result`): `result`. The
-    cancel's own statement reads it where it can (`selectors.result_after_cancel_sql`: a run
-    without sub-agent runs in flight); otherwise it is read after the commit."""
+    answers for the run once the cancel is committed (`selectors.run_result`): `result`, when
+    `read`. The cancel's own statement reads it where it can (`join_body`: a run without
+    sub-agent runs in flight); otherwise the caller reads it after the commit."""
 
     __slots__ = ("read", "result")
 
@@ -105,10 +104,7 @@ def run_cancel_on_thread(
     _validate_choice(action, CancelAction.values, "action")
     with transaction.atomic():
         locked = _lock_run(run_id, on_thread=thread_id, pinned_resource_id=pinned_resource_id)
-        run = _cancel_top_level(locked, action=action, actor=actor, reason=reason, answer=answer)
-    if answer is not None and not answer.read:
-        answer.read, answer.result = True, run_result(run_id, thread_id=thread_id)
-    return run
+        return _cancel_top_level(locked, action=action, actor=actor, reason=reason, answer=answer)
 
 
 def _cancel_top_level(
