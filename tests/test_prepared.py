@@ -95,3 +95,52 @@ def test_a_threshold_that_is_not_a_number_is_refused_at_start() -> None:
     )
     assert done.returncode != 0
     assert "DATABASE_PREPARE_THRESHOLD" in done.stderr
+
+
+def _plans(*fragments: str) -> list[tuple[int, int]]:
+    """(generic plans, custom plans) of this connection's prepared statements containing every
+    one of `fragments`."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE ALL(%s)",
+            [[f"%{fragment}%" for fragment in fragments]],
+        )
+        return [(row[0], row[1]) for row in cursor.fetchall()]
+
+
+def test_the_writes_that_park_and_cancel_a_run_keep_one_plan(drain) -> None:
+    # PostgreSQL plans a prepared statement anew at each call while its generic plan looks
+    # dearer than the plans it made for the values given; the thread refresh in these writes
+    # named its one thread as an array of unknown length, and so was planned at every call
+    # (most of a cancel's time in its write). Written as an equality, the generic plan is kept
+    # after PostgreSQL's five custom ones.
+    for i in range(8):
+        thread = services.thread_create(metadata={})
+        services.run_create(
+            agent_id="refund",
+            thread_id=thread.id,
+            input={"amount": 5, "order_id": f"o{i}"},
+            actor="t",
+        )
+        drain()  # to its suspension: the checkpoint, the waiting call, the thread refreshed
+        for action in ("interrupt", "rollback"):
+            other = services.thread_create(metadata={})
+            run = services.run_create(agent_id="echo", thread_id=other.id, input={}, actor="t")
+            services.run_cancel_on_thread(
+                thread_id=other.id,
+                run_id=run.id,
+                action=action,
+                actor="t",
+                answer=services.CancelAnswer(),
+            )
+    for write in (
+        'INSERT INTO "runs_checkpoint"',  # the suspension
+        "UPDATE runs_run SET status",  # the interrupt
+        "DELETE FROM runs_run",  # the rollback
+    ):
+        plans = _plans(write, "UPDATE runs_thread")
+        assert plans, write
+        for generic, custom in plans:
+            # Eight calls, of which the first two unprepared: five custom plans, then generic.
+            assert (generic, custom) == (1, 5), (write, generic, custom)
