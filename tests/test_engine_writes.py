@@ -7,6 +7,8 @@ import dataclasses
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from runs import services
 from runs.models import Checkpoint, Run, RunStatus, ToolCall, ToolCallStatus
@@ -66,6 +68,37 @@ def test_a_refund_run_reaches_its_suspension_in_three_writes_after_its_claim(dra
     assert seqs == list(range(1, run.last_seq + 1))  # the timeline has no gap
     kinds = list(run.events.order_by("seq").values_list("kind", flat=True))
     assert kinds.index("tool_result") < kinds.index("suspended") == len(kinds) - 1
+
+
+def test_a_suspension_takes_its_thread_lock_in_its_fence(drain, monkeypatch) -> None:
+    statements: list[list[str]] = []
+    real = services.run_suspend
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        with CaptureQueriesContext(connection) as captured:
+            result = real(*args, **kwargs)
+        statements.append([q["sql"] for q in captured.captured_queries])
+        return result
+
+    monkeypatch.setattr(services, "run_suspend", spy)
+    run = services.run_create(
+        agent_id="refund", thread_id=None, input={"order_id": "A3", "amount": 5}, actor="t"
+    )
+    drain()
+    [suspension] = statements
+    if connection.vendor == "postgresql":
+        # BEGIN, the fence (the thread's lock taken first, then the run's), the write, COMMIT.
+        assert len(suspension) == 4, suspension
+        fence = suspension[1]
+        assert fence.index("FROM runs_thread") < fence.index("UPDATE runs_run") < len(fence)
+        assert "FOR NO KEY UPDATE" in fence
+    else:  # the thread's read (SQLite's transaction holds the only writer's lock), the fence
+        lock = next(i for i, sql in enumerate(suspension) if "FROM runs_thread" in sql)
+        fence = next(i for i, sql in enumerate(suspension) if "SET last_seq" in sql)
+        assert lock < fence
+    run = Run.objects.get(id=run.id)
+    assert run.status == RunStatus.SUSPENDED
+    assert run.thread.status == "interrupted"
 
 
 def test_the_approved_refund_runs_and_finishes(drain, writes, reviewer) -> None:

@@ -716,16 +716,27 @@ def _fence(lease: Lease, *, events: int = 0, **changes: object) -> FenceResult:
 
 
 def _fence_returning(
-    lease: Lease, *, events: int = 0, more: str = ""
+    lease: Lease, *, events: int = 0, more: str = "", lock_thread: bool = False
 ) -> tuple[FenceResult, tuple[Any, ...]]:
     """`_fence` (without changes), also returning `more`: further columns of the run's row,
-    or subqueries over it (`runs_run`), read under the lock the fence takes."""
+    or subqueries over it (`runs_run`), read under the lock the fence takes.
+
+    `lock_thread`: the lease's thread locked first (`_lock_thread`), on PostgreSQL by the same
+    statement (`_THREAD_LOCK_CTE`: taken before the run's row, as every path takes them), one
+    round trip fewer."""
     updated_at = DateTimeField().get_db_prep_value(_now(), connection)
+    sql = _FENCE_SQL.format(more=f", {more}" if more else "")
+    params = [events, updated_at, _uuid_param(lease.run_id), lease.owner, lease.attempt]
+    if lock_thread and lease.thread_id is not None:
+        if _is_postgres():
+            sql = _THREAD_LOCK_CTE + sql.replace(
+                "AND status = 'running'", "AND status = 'running' AND EXISTS (SELECT 1 FROM t)"
+            )
+            params.insert(0, _uuid_param(lease.thread_id))
+        else:
+            _lock_thread(lease.thread_id)
     with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
-        cursor.execute(
-            _FENCE_SQL.format(more=f", {more}" if more else ""),
-            [events, updated_at, _uuid_param(lease.run_id), lease.owner, lease.attempt],
-        )
+        cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
         raise _lease_lost(lease)

@@ -422,17 +422,18 @@ UPDATE runs_run SET status = '{RunStatus.SUSPENDED}', suspended_at = %s, updated
 
 
 def _park_one(lease: Lease, plan: SuspendPlan, values: JSONObject | None) -> str:
-    """`run_suspend` of one run (no sub-agent waits with it): the thread locked, the fence
-    (reading whether the suspension is announced and, when the decision proposes calls, what
-    the run's document is made of), then the decision's checkpoint, its calls written waiting,
-    the events, the run parked, its thread and its document as one statement on PostgreSQL
-    (`rows.write_together`; 12 statements one by one)."""
+    """`run_suspend` of one run (no sub-agent waits with it): the fence, taking the thread's
+    lock first and reading whether the suspension is announced and, when the decision proposes
+    calls, what the run's document is made of; then the decision's checkpoint, its calls written
+    waiting, the events, the run parked, its thread and its document as one statement on
+    PostgreSQL (`rows.write_together`; 12 statements one by one)."""
     with transaction.atomic():
-        _lock_thread(lease.thread_id)
         document = bool(plan.new_tool_calls)
         columns = source_columns("runs_run") if document else None
         more = ", ".join(c for c in (_ANNOUNCED, columns) if c)
-        fence, read = _fence_returning(lease, events=1 + _decision_events(plan), more=more)
+        fence, read = _fence_returning(
+            lease, events=1 + _decision_events(plan), more=more, lock_thread=True
+        )
         if fence.cancel_action:
             # A cancel written on the row but not applied (an older version's): it wins.
             _write_decision(lease, plan, fence.last_seq)
