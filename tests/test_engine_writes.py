@@ -11,6 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from runs import services
+from runs.exceptions import RunCancelled
 from runs.models import Checkpoint, Run, RunStatus, ToolCall, ToolCallStatus
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -118,6 +119,52 @@ def test_the_approved_refund_runs_and_finishes(drain, writes, reviewer) -> None:
     assert refund.status == ToolCallStatus.SUCCEEDED and refund.result["refunded"] is True
     seqs = list(run.events.order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, run.last_seq + 1))
+
+
+def test_an_approved_call_is_marked_running_in_one_statement(drain, reviewer, monkeypatch) -> None:
+    run = services.run_create(
+        agent_id="refund", thread_id=None, input={"order_id": "A4", "amount": 5}, actor="t"
+    )
+    drain()
+    services.tool_call_approve(run=Run.objects.get(id=run.id), actor=reviewer)
+    marks: list[list[str]] = []
+    real = services.tool_call_update
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        with CaptureQueriesContext(connection) as captured:
+            result = real(*args, **kwargs)
+        if kwargs["status"] == ToolCallStatus.RUNNING:
+            marks.append([q["sql"] for q in captured.captured_queries])
+        return result
+
+    monkeypatch.setattr(services, "tool_call_update", spy)
+    drain()
+    [mark] = marks
+    if connection.vendor == "postgresql":  # the fence and the call's row; it commits alone
+        [statement] = mark
+        assert statement.index("UPDATE runs_run") < statement.index('UPDATE "runs_toolcall"')
+    refund = ToolCall.objects.get(run_id=run.id, tool_name="issue_refund")
+    assert refund.status == ToolCallStatus.SUCCEEDED and refund.started_at is not None
+    assert Run.objects.get(id=run.id).status == RunStatus.SUCCESS
+
+
+def test_a_call_is_not_marked_running_once_its_run_was_cancelled(drain, reviewer) -> None:
+    run = services.run_create(
+        agent_id="refund", thread_id=None, input={"order_id": "A5", "amount": 5}, actor="t"
+    )
+    drain()
+    services.tool_call_approve(run=Run.objects.get(id=run.id), actor=reviewer)
+    [claimed] = services.run_claim(owner="w", limit=1)
+    services.run_cancel(run=claimed.run, action="interrupt", actor="t")
+    refund = ToolCall.objects.get(run_id=run.id, tool_name="issue_refund")
+    before = (refund.status, refund.started_at)
+    with pytest.raises(RunCancelled):
+        services.tool_call_update(
+            lease=claimed.lease, tool_call=refund, status=ToolCallStatus.RUNNING
+        )
+    refund.refresh_from_db()
+    assert (refund.status, refund.started_at) == before
+    assert Run.objects.get(id=run.id).last_seq == claimed.run.last_seq + 1  # the cancel's event
 
 
 def test_a_cancel_between_a_decision_and_its_tool_leaves_the_call_not_started(

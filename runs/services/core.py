@@ -743,6 +743,30 @@ def _fence_returning(
     return FenceResult(last_seq=row[0], cancel_action=row[1]), tuple(row[2:])
 
 
+def _fence_with(lease: Lease, write: tuple[str, list[Any]]) -> FenceResult:
+    """`_fence` (no events, no changes) and `write`, an UPDATE that needs nothing from it, made
+    only if the fence holds: on PostgreSQL one statement, which commits on its own outside a
+    transaction (no BEGIN and COMMIT round trips); elsewhere the two in a transaction."""
+    if not _is_postgres():
+        with transaction.atomic():
+            fence = _fence(lease)
+            with connection.cursor() as cursor:
+                cursor.execute(*write)
+            return fence
+    sql, params = write
+    updated_at = DateTimeField().get_db_prep_value(_now(), connection)
+    with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH f AS ({_FENCE_SQL.format(more='')}),"
+            f" w AS ({sql} AND EXISTS (SELECT 1 FROM f)) SELECT last_seq, cancel_action FROM f",
+            [0, updated_at, _uuid_param(lease.run_id), lease.owner, lease.attempt, *params],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise _lease_lost(lease)
+    return FenceResult(last_seq=row[0], cancel_action=row[1])
+
+
 def _lease_lost(lease: Lease) -> LeaseLost:
     """Why a fenced write matched no row: cancelled under this lease (RunCancelled: the worker
     stops quietly), or lost (reaped and claimed again, released, deleted with its thread)."""

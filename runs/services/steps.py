@@ -41,6 +41,7 @@ from runs.services.core import (
     _event_rows,
     _fence,
     _fence_returning,
+    _fence_with,
     _insert_events,
     _latest_thread_values,
     _lock_thread,
@@ -206,6 +207,9 @@ def tool_call_update(
     """
     lease = _complete_lease(lease)
     update = _tool_call_changes(status, result)
+    if event is None and "result" not in update:
+        # A call marked running: its fence and its row, one statement on PostgreSQL.
+        return _fence_with(lease, _tool_call_update(tool_call, update, None))
     try:
         with transaction.atomic():
             fence, source = _fence_for_write(
