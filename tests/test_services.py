@@ -928,6 +928,26 @@ def test_thread_resume_is_three_statements_on_postgresql(drain, reviewer) -> Non
     assert Run.objects.get(id=run.id).status == RunStatus.PENDING
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_resume_without_a_webhook_is_one_transaction_without_a_savepoint(drain) -> None:
+    from django.test.utils import CaptureQueriesContext
+
+    thread = make_thread()
+    run = suspended_refund(drain, thread)
+    with CaptureQueriesContext(connection) as queries:
+        services.run_create(
+            agent_id="refund",
+            thread_id=thread.id,
+            command={"resume": {"approved": True}},
+            actor="t",
+        )
+    statements = [q["sql"] for q in queries]
+    assert not [sql for sql in statements if "SAVEPOINT" in sql], statements
+    assert len(statements) == 5, statements  # BEGIN, the locks, the calls, the writes, COMMIT
+    assert Run.objects.get(id=run.id).status == RunStatus.PENDING
+
+
 def test_thread_resume_validates_the_approval_value(drain) -> None:
     thread = make_thread()
     suspended_refund(drain, thread)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -114,17 +115,20 @@ def run_create(
                 "required with command.resume",
                 detail="You must provide a thread_id when resuming.",
             )
+        resume = partial(
+            thread_resume,
+            thread_id=thread_id,
+            resume=command["resume"],
+            actor=actor,
+            pinned_resource_id=pinned_resource_id,
+        )
+        if not webhook:
+            return resume()  # its own transaction: no savepoint inside one of ours
         with transaction.atomic():
-            resumed = thread_resume(
-                thread_id=thread_id,
-                resume=command["resume"],
-                actor=actor,
-                pinned_resource_id=pinned_resource_id,
-            )
-            if webhook:
-                # Still uncommitted, so no worker can have finished it without the webhook.
-                Run.objects.filter(id=resumed.id).update(webhook=webhook)
-                resumed.webhook = webhook
+            resumed = resume()
+            # Still uncommitted, so no worker can have finished it without the webhook.
+            Run.objects.filter(id=resumed.id).update(webhook=webhook)
+            resumed.webhook = webhook
         return resumed
 
     errors = agent.input_errors(input)
