@@ -91,7 +91,7 @@ def test_a_suspension_takes_its_thread_lock_in_its_fence(drain, monkeypatch) -> 
         # BEGIN, the fence (the thread's lock taken first, then the run's), the write, COMMIT.
         assert len(suspension) == 4, suspension
         fence = suspension[1]
-        assert fence.index("FROM runs_thread") < fence.index("UPDATE runs_run") < len(fence)
+        assert fence.index("FROM runs_thread") < fence.index("UPDATE runs_run")
         assert "FOR NO KEY UPDATE" in fence
     else:  # the thread's read (SQLite's transaction holds the only writer's lock), the fence
         lock = next(i for i, sql in enumerate(suspension) if "FROM runs_thread" in sql)

@@ -253,7 +253,7 @@ _LOCK_THREAD_SQL = {
 }
 _FENCE_SQL = """
 UPDATE runs_run SET last_seq = last_seq + %s, updated_at = %s
- WHERE id = %s AND lease_owner = %s AND attempt = %s AND status = 'running'
+ WHERE id = %s AND lease_owner = %s AND attempt = %s AND status = 'running'{also}
 RETURNING last_seq, cancel_action{more}
 """
 
@@ -715,6 +715,17 @@ def _fence(lease: Lease, *, events: int = 0, **changes: object) -> FenceResult:
     return FenceResult(last_seq=rows[0][0], cancel_action=rows[0][1])
 
 
+def _fence_statement(
+    lease: Lease, events: int = 0, more: str = "", *, also: str = ""
+) -> tuple[str, list[Any]]:
+    """The fence's UPDATE (sql, params): `more` columns returned, `also` more conditions."""
+    updated_at = DateTimeField().get_db_prep_value(_now(), connection)
+    return (
+        _FENCE_SQL.format(more=f", {more}" if more else "", also=also),
+        [events, updated_at, _uuid_param(lease.run_id), lease.owner, lease.attempt],
+    )
+
+
 def _fence_returning(
     lease: Lease, *, events: int = 0, more: str = "", lock_thread: bool = False
 ) -> tuple[FenceResult, tuple[Any, ...]]:
@@ -724,17 +735,17 @@ def _fence_returning(
     `lock_thread`: the lease's thread locked first (`_lock_thread`), on PostgreSQL by the same
     statement (`_THREAD_LOCK_CTE`: taken before the run's row, as every path takes them), one
     round trip fewer."""
-    updated_at = DateTimeField().get_db_prep_value(_now(), connection)
-    sql = _FENCE_SQL.format(more=f", {more}" if more else "")
-    params = [events, updated_at, _uuid_param(lease.run_id), lease.owner, lease.attempt]
     if lock_thread and lease.thread_id is not None:
         if _is_postgres():
-            sql = _THREAD_LOCK_CTE + sql.replace(
-                "AND status = 'running'", "AND status = 'running' AND EXISTS (SELECT 1 FROM t)"
+            fence, params = _fence_statement(
+                lease, events, more, also=" AND EXISTS (SELECT 1 FROM t)"
             )
-            params.insert(0, _uuid_param(lease.thread_id))
+            sql, params = _THREAD_LOCK_CTE + fence, [_uuid_param(lease.thread_id), *params]
         else:
             _lock_thread(lease.thread_id)
+            sql, params = _fence_statement(lease, events, more)
+    else:
+        sql, params = _fence_statement(lease, events, more)
     with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -754,12 +765,12 @@ def _fence_with(lease: Lease, write: tuple[str, list[Any]]) -> FenceResult:
                 cursor.execute(*write)
             return fence
     sql, params = write
-    updated_at = DateTimeField().get_db_prep_value(_now(), connection)
+    fence_sql, fence_params = _fence_statement(lease)
     with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
         cursor.execute(
-            f"WITH f AS ({_FENCE_SQL.format(more='')}),"
+            f"WITH f AS ({fence_sql}),"
             f" w AS ({sql} AND EXISTS (SELECT 1 FROM f)) SELECT last_seq, cancel_action FROM f",
-            [0, updated_at, _uuid_param(lease.run_id), lease.owner, lease.attempt, *params],
+            [*fence_params, *params],
         )
         row = cursor.fetchone()
     if row is None:
