@@ -298,6 +298,47 @@ def test_a_lost_worker_resumes_from_the_last_super_step(drain: Any, caplog: Any)
     assert kept >= 3
 
 
+def test_a_step_cancelled_between_its_update_and_its_edge_runs_again_on_resume(
+    drain: Any,
+) -> None:
+    """A cancel (or a lost lease, or a timeout) can land after a node's update was written to
+    its task and before its edge's; LangGraph then saves the task's partial writes with its
+    CancelledError. Resumed, that task must run again rather than count as done: with only
+    its update applied and no edge, the graph would end early (seen in CI: [0, 1, 2, 3])."""
+    import asyncio
+
+    from runs.engine.registry import get_agent
+    from runs.graphs.checkpointer import RunsiteSaver
+
+    run = start("slow", {"steps": 6, "delay_ms": 30})
+    control = RunControl()
+    t, out = _run_in_thread(control)
+    _wait_items(run, 3)
+    control.mark_lost()
+    t.join(5)
+    assert out["status"] == "lost"
+    saver = RunsiteSaver()  # no lease: as the graph's state API writes
+    graph = get_agent("slow").graph.copy(update={"checkpointer": saver})
+    try:
+        head = graph.get_state({"configurable": {"thread_id": str(run.thread_id)}})
+        (task,) = head.tasks  # the step the lost worker was in
+        done = len(head.values["items"])
+        # What LangGraph saves for that task when the cancel lands between the two writes.
+        saver.put_writes(
+            head.config, [("items", [done]), ("__error__", asyncio.CancelledError())], task.id
+        )
+        kept = GraphWrite.objects.filter(thread_id=run.thread_id, task_id=task.id)
+        assert sorted(kept.values_list("channel", flat=True)) == ["__error__"]
+    finally:
+        saver.close()
+    Run.objects.filter(id=run.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    services.runs_reap()
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCESS
+    assert run.output["items"] == [0, 1, 2, 3, 4, 5]
+
+
 def test_the_demo_graph_waits_in_the_inbox_and_sends_an_edited_reply(
     register_agent: Any, drain: Any
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from asyncio import CancelledError
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -34,6 +35,11 @@ from runs.models import GraphCheckpoint, GraphWrite
 from runs.services import graphs as graph_services
 
 Event = tuple[str, dict[str, Any], str]
+
+# The channel of a task's error write (LangGraph keeps the constant private; the checkpoint
+# library's WRITES_IDX_MAP, which savers use, names it).
+ERROR = "__error__"
+assert ERROR in WRITES_IDX_MAP
 
 
 def _thread_uuid(config: RunnableConfig) -> UUID:
@@ -226,6 +232,13 @@ class RunsiteSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         configurable = config["configurable"]
+        if any(channel == ERROR and isinstance(value, CancelledError) for channel, value in writes):
+            # A task cancelled part-way (a cancel, a timeout, a lost lease) is saved with what
+            # it had written so far: its node's update, say, and not yet its edge's. On resume
+            # LangGraph takes a task with writes for a finished one and applies them without
+            # running it, so the graph would go on from half a step (without the edge's write
+            # it ends there). Keep the error alone: the task runs again from its start.
+            writes = [(channel, value) for channel, value in writes if channel == ERROR]
         rows = []
         for position, (channel, value) in enumerate(writes):
             type_, blob = self.serde.dumps_typed(value)
