@@ -153,16 +153,30 @@ def _mapping(model: type[Model], names: tuple[str, ...], alias: str) -> _Mapping
     return _Mapping(positions, tuple(f.attname for f in fields), extras, tuple(converters))
 
 
-def instances(model: type[M], sql: str, params: Any = None) -> list[M]:  # noqa: UP047
+def instances(  # noqa: UP047
+    model: type[M], sql: str, params: Any = None, *, long: bool = False
+) -> list[M]:
     """The model's instances for the rows of `sql`, which selects every column of the model
     (by its column names) and may select more: those become attributes of the instances, as
-    they do with `raw()`, unconverted."""
+    they do with `raw()`, unconverted. `long`: a statement psycopg would parse for its `%s` on
+    every call (see `_fetch_numbered`), sent numbered instead on PostgreSQL."""
     alias = router.db_for_write(model)
     connection = connections[alias]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-        names = tuple(column[0] for column in cursor.description or ())
+    if long and connection.vendor == "postgresql" and not connection.queries_logged:
+        connection.ensure_connection()
+        raw = psycopg.RawCursor(connection.connection)
+        try:
+            with connection.wrap_database_errors:
+                raw.execute(numbered(sql), params)
+                rows = raw.fetchall()
+                names = tuple(column.name for column in raw.description or ())
+        finally:
+            raw.close()
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+            names = tuple(column[0] for column in cursor.description or ())
     if not rows:
         return []
     mapping = _mapping(model, names, alias)

@@ -486,9 +486,9 @@ def test_a_cancel_names_its_run_by_the_thread_it_is_on(api: Client) -> None:
 
 @pytest.mark.postgres
 @stream_db
-def test_a_cancel_with_wait_is_two_statements_on_postgresql(api: Client) -> None:
-    """The run locked and read (with its thread, by the path's ids), then its end written and
-    its result read in one statement: no read of the run before the lock, none after."""
+def test_a_cancel_with_wait_is_one_statement_on_postgresql(api: Client) -> None:
+    """The thread and the run locked (by the path's ids), checked, ended and the result read in
+    one statement that commits alone: no read of the run before it, none after."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -498,8 +498,8 @@ def test_a_cancel_with_wait_is_two_statements_on_postgresql(api: Client) -> None
         r = api.post(f"/api/threads/{tid}/runs/{run['run_id']}/cancel?wait=1")
     assert r.status_code == 200
     assert r["Location"] == f"/threads/{tid}/runs/{run['run_id']}/join"
-    statements = [q["sql"] for q in queries if q["sql"] not in ("BEGIN", "COMMIT")]
-    assert len(statements) == 2, [sql[:80] for sql in statements]
+    statements = [q["sql"] for q in queries]
+    assert len(statements) == 1, [sql[:80] for sql in statements]
     assert statements[0].startswith("WITH t AS MATERIALIZED")  # the thread's lock, the run's
     assert Run.objects.get(id=run["run_id"]).status == RunStatus.INTERRUPTED
 

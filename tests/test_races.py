@@ -182,3 +182,83 @@ def test_reject_racing_a_decision_always_refuses(drain, reviewer) -> None:
         assert not isinstance(approved, Exception), approved
         assert isinstance(created, Conflict)
         assert Run.objects.filter(thread_id=thread.id).count() == 1
+
+
+class _Holding:
+    """`write` in a transaction on a thread of its own that stays open half a second after it:
+    whatever the write locked stays locked until then (`done` is set once it committed)."""
+
+    def __init__(self, write: Callable[[], Any]) -> None:
+        import time
+
+        from django.db import transaction
+
+        self.held, self.done = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            try:
+                with transaction.atomic():
+                    write()
+                    self.held.set()
+                    time.sleep(0.5)
+            finally:
+                self.done.set()
+                connection.close()
+
+        self.thread = threading.Thread(target=hold)
+        self.thread.start()
+        assert self.held.wait(10)
+
+    def committed_before(self) -> bool:
+        committed = self.done.is_set()
+        self.thread.join(10)
+        return committed
+
+
+@pytest.mark.parametrize("action", ["interrupt", "rollback"])
+def test_a_cancel_waiting_for_a_step_leaves_the_thread_as_the_step_committed_it(
+    action: str,
+) -> None:
+    """A cancel's one statement (`_cancel_at_once`) reads the thread's state with the snapshot
+    it took before it waited for the run's lock. A worker's step that held that lock and then
+    committed a checkpoint is invisible to that snapshot, so the cancel must give way to its
+    full path, whose reads follow its locks: the thread's values and the cancel's answer are
+    the step's (interrupt), or what the thread held before the run (rollback)."""
+    import uuid
+
+    from runs.contracts import StepWrite
+    from runs.models import Thread
+
+    thread = services.thread_create(metadata={})
+    services.thread_update_state(thread=thread, values={"before": True}, actor="t")
+    run = services.run_create(agent_id="slow", thread_id=thread.id, input={"steps": 5}, actor="t")
+    (claimed,) = services.run_claim(owner="w", limit=1)
+    step = {"items": [0], "step": 1}
+    write = StepWrite(id=uuid.uuid4(), step=1, values=step, pending=[], parent_id=None)
+    worker = _Holding(lambda: services.run_save_steps(lease=claimed.lease, steps=[write]))
+    answer = services.CancelAnswer()
+    services.run_cancel_on_thread(
+        thread_id=thread.id, run_id=run.id, action=action, actor="t", answer=answer
+    )
+    assert worker.committed_before()  # the cancel waited for the step's commit
+    expected = {"before": True} if action == "rollback" else step
+    assert Thread.objects.get(id=thread.id).values == expected
+    assert answer.result == expected
+
+
+def test_a_cancel_waiting_for_a_run_queued_on_its_thread_leaves_the_thread_busy() -> None:
+    """The same for the thread's row: a run queued on the thread (which holds the thread's lock
+    until it commits) while the cancel's statement waits for that lock is invisible to the
+    statement's snapshot. The thread must end busy with the queued run, not idle."""
+    from runs.models import Thread
+
+    thread = services.thread_create(metadata={})
+    run = services.run_create(agent_id="slow", thread_id=thread.id, input={"steps": 5}, actor="t")
+    services.run_claim(owner="w", limit=1)
+    other = _Holding(
+        lambda: services.run_create(agent_id="echo", thread_id=thread.id, input={}, actor="t")
+    )
+    services.run_cancel_on_thread(thread_id=thread.id, run_id=run.id, action="interrupt", actor="t")
+    assert other.committed_before()
+    assert Run.objects.get(id=run.id).status == RunStatus.INTERRUPTED
+    assert Thread.objects.get(id=thread.id).status == "busy"

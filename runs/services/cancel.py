@@ -12,7 +12,7 @@ from django.db.models import DateTimeField, F, QuerySet
 
 from runs import metrics
 from runs.contracts import Actor, BulkCancelResult, actor_name
-from runs.exceptions import Conflict, ValidationFailed
+from runs.exceptions import Conflict, NotFound, ValidationFailed
 from runs.join_body import (
     result_after_cancel_params,
     result_after_cancel_sql,
@@ -27,8 +27,9 @@ from runs.models import (
     RunEvent,
     RunStatus,
 )
-from runs.rows import insert, insert_statements, write_together
+from runs.rows import insert, insert_statements, instances, write_together
 from runs.services.core import (
+    _LOCK_RUN_COLUMNS,
     CANCEL_CHANNEL,
     LATEST_VALUES,
     LEASE_CLEARED,
@@ -39,18 +40,23 @@ from runs.services.core import (
     _clear_lease,
     _in,
     _insert_events,
+    _is_postgres,
     _lock_run,
     _lock_runs,
     _lock_threads,
     _notified_by_select,
+    _notifies_in_sql,
     _notify,
+    _notify_in_process,
     _now,
     _publish,
     _refresh_thread,
     _refresh_threads_statement,
+    _sql_in,
     _update_returning,
     _uuid_param,
     _validate_choice,
+    _with_flags,
     cancel_notice,
     logger,
 )
@@ -102,6 +108,18 @@ def run_cancel_on_thread(
     NotFound (`run_not_found`) having changed nothing. Returns what `run_cancel` returns;
     `answer`, when given, holds the run's join body after it (see CancelAnswer)."""
     _validate_choice(action, CancelAction.values, "action")
+    if _is_postgres():
+        done, result = _cancel_at_once(
+            run_id,
+            thread_id,
+            action=action,
+            actor=actor,
+            reason=reason,
+            pinned_resource_id=pinned_resource_id,
+            answer=answer,
+        )
+        if done:
+            return result
     with transaction.atomic():
         locked = _lock_run(run_id, on_thread=thread_id, pinned_resource_id=pinned_resource_id)
         return _cancel_top_level(locked, action=action, actor=actor, reason=reason, answer=answer)
@@ -110,13 +128,27 @@ def run_cancel_on_thread(
 def _cancel_top_level(
     run: Run, *, action: str, actor: Actor, reason: str, answer: CancelAnswer | None = None
 ) -> Run | None:
+    _refuse_sub_agent_run(run)
+    return _cancel_locked(run, action=action, actor=actor, reason=reason, answer=answer)
+
+
+def _refuse_sub_agent_run(run: Run) -> None:
     if run.parent_run_id is not None:
         raise Conflict(
             f"Run {run.id} is a sub-agent run; cancel its supervisor run "
             f"{run.parent_run_id} instead",
             code="sub_agent_run",
         )
-    return _cancel_locked(run, action=action, actor=actor, reason=reason, answer=answer)
+
+
+def _refuse_finished_run(run: Run) -> None:
+    if run.status in TERMINAL_STATUSES:
+        raise Conflict(
+            f"Run {run.id} is already {run.status}; only pending, running or suspended runs "
+            "can be cancelled",
+            code="run_not_active",
+            extra={"status": run.status},
+        )
 
 
 def _cancel_locked(
@@ -129,13 +161,7 @@ def _cancel_locked(
     answer: CancelAnswer | None = None,
 ) -> Run | None:
     transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc())
-    if run.status in TERMINAL_STATUSES:
-        raise Conflict(
-            f"Run {run.id} is already {run.status}; only pending, running or suspended runs "
-            "can be cancelled",
-            code="run_not_active",
-            extra={"status": run.status},
-        )
+    _refuse_finished_run(run)
     audit = _audit_entry(
         actor=actor,
         action=f"cancel_{action}",
@@ -264,6 +290,157 @@ def _cancel_together(
     if answering and answer is not None and row is not None:
         answer.read, answer.result = True, result_from_column(row[0])
     return result
+
+
+# The statement of `_cancel_at_once`, up to its writes: the thread's lock, the run's (read as
+# `_lock_run` reads it), and `ok`, the run if this statement may cancel it. A statement's
+# snapshot is taken before it waits for a lock: a transaction that committed a change to the
+# run or its thread meanwhile (a worker's step, a new run queued on the thread) is seen in the
+# locked rows but not by the statement's reads (the thread's status and values, the answer).
+# Each row's version (`xmin`) as locked is compared with the one the snapshot sees: unequal,
+# nothing is written, and the cancel takes the full path, whose reads follow its locks.
+_CANCEL_AT_ONCE_HEAD = (
+    "WITH t AS MATERIALIZED (SELECT id, xmin AS row_version FROM runs_thread WHERE id = %s"
+    " FOR NO KEY UPDATE),"
+    " l AS MATERIALIZED ("
+    + _LOCK_RUN_COLUMNS.replace("SELECT r.*,", "SELECT r.*, r.xmin AS row_version,", 1).replace(
+        "r.id = %s", "r.id = %s AND r.thread_id = %s{scope}"
+    )
+    + " AND EXISTS (SELECT 1 FROM t) FOR NO KEY UPDATE OF r),"
+    f" ok AS MATERIALIZED (SELECT * FROM l WHERE l.status IN {_sql_in(ACTIVE_STATUSES)}"
+    " AND l.parent_run_id IS NULL AND NOT l.has_children AND NOT l.has_rules"
+    " AND l.webhook = ''"
+    " AND l.row_version = (SELECT s.xmin FROM runs_run s WHERE s.id = l.id)"
+    " AND (SELECT t.row_version FROM t)"
+    " = (SELECT s.xmin FROM runs_thread s WHERE s.id = l.thread_id))"
+)
+# A run's cancel reason as `_interrupted` sets it: the one asked for first, else this one.
+_REASON_SQL = "COALESCE(NULLIF(ok.cancel_reason, ''), %s)"
+
+
+def _cancel_at_once(
+    run_id: UUID,
+    thread_id: UUID,
+    *,
+    action: str,
+    actor: Actor,
+    reason: str,
+    pinned_resource_id: str | None,
+    answer: CancelAnswer | None,
+) -> tuple[bool, Run | None]:
+    """`run_cancel_on_thread` as one statement on PostgreSQL, for a top-level run without
+    sub-agent runs in flight, notification rules or a webhook: both locks, the checks, the
+    writes of `_cancel_together` (the run's end or deletion, its event, the audit entry, the
+    thread's status and values), the worker's notice and the answer, in one round trip that
+    commits alone (BEGIN, the locking read, the write and COMMIT were four).
+
+    Returns (True, what `run_cancel` returns), or raises what the full path raises (NotFound,
+    Conflict); (False, None) when the full path must do it (the run is of another kind, or a
+    transaction changed its row or its thread's while the statement waited for their locks,
+    see `_CANCEL_AT_ONCE_HEAD`): nothing was written then, and no lock is kept outside a
+    transaction."""
+    deleted = action == CancelAction.ROLLBACK
+    now = _now()
+    at = DateTimeField().get_db_prep_value(now, connection)
+    params: list[Any] = [_uuid_param(thread_id), _uuid_param(run_id), _uuid_param(thread_id)]
+    if pinned_resource_id is not None:
+        params.append(pinned_resource_id)
+    head = _CANCEL_AT_ONCE_HEAD.replace(
+        "{scope}", " AND r.resource_id = %s" if pinned_resource_id is not None else ""
+    )
+    writes: list[tuple[str, list[Any]]] = []
+    if deleted:
+        writes.append(("DELETE FROM runs_run USING ok WHERE runs_run.id = ok.id", []))
+        thread_sql, thread_params = _refresh_threads_statement(
+            [thread_id], values=LATEST_VALUES, ending=[run_id], deleting=True
+        )
+    else:
+        writes.append(
+            (
+                "UPDATE runs_run SET status = %s, finished_at = %s, cancel_action = %s,"
+                " cancel_requested_at = COALESCE(ok.cancel_requested_at, %s),"
+                f" cancel_reason = {_REASON_SQL}, updated_at = %s, last_seq = ok.last_seq + 1,"
+                " lease_owner = NULL, lease_expires_at = NULL, deadline_at = NULL"
+                " FROM ok WHERE runs_run.id = ok.id",
+                [RunStatus.INTERRUPTED, at, CancelAction.INTERRUPT, at, reason, at],
+            )
+        )
+        writes.append(
+            (
+                "INSERT INTO runs_runevent (run_id, seq, kind, data, actor, created_at)"
+                " SELECT ok.id, ok.last_seq + 1, 'cancelled',"
+                f" jsonb_build_object('action', 'interrupt', 'reason', {_REASON_SQL}), %s, %s"
+                " FROM ok",
+                [reason, actor_name(actor), at],
+            )
+        )
+        thread_sql, thread_params = _refresh_threads_statement(
+            [thread_id],
+            values=LATEST_VALUES,
+            finished_status=RunStatus.INTERRUPTED,
+            ending=[run_id],
+        )
+    after = {"status": "deleted" if deleted else RunStatus.INTERRUPTED}
+    writes.append(
+        (
+            "INSERT INTO runs_auditentry (actor, action, run_id, thread_id, agent_id,"
+            " resource_id, tool_call_id, reason, before, after, created_at)"
+            " SELECT %s, %s, ok.id, ok.thread_id, ok.agent_id, ok.resource_id, '', %s,"
+            " jsonb_build_object('status', ok.status), %s, %s FROM ok",
+            [
+                actor_name(actor),
+                f"cancel_{action}",
+                reason,
+                AuditEntry._meta.get_field("after").get_db_prep_save(after, connection),
+                at,
+            ],
+        )
+    )
+    writes.append((f"{thread_sql} AND EXISTS (SELECT 1 FROM ok)", thread_params))
+    select = ["l.*", "ok.id IS NOT NULL AS cancelled"]
+    if answer is not None:
+        select.append(f"{result_after_cancel_sql(deleted=deleted)} AS answer")
+        params_after = result_after_cancel_params(run_id, thread_id, deleted=deleted)
+    else:
+        params_after = []
+    notice = cancel_notice(run_id, action)
+    if _notifies_in_sql():
+        select.append(
+            f"CASE WHEN ok.status = '{RunStatus.RUNNING}' THEN pg_notify(%s, %s) END AS told"
+        )
+        params_after += [CANCEL_CHANNEL, notice]
+    parts = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(writes))
+    statement = f"{head}, {parts} SELECT {', '.join(select)} FROM l LEFT JOIN ok ON true"
+    params += [p for _, write_params in writes for p in write_params] + params_after
+    found = _with_flags(instances(Run, statement, params, long=True))
+    if not found:
+        raise NotFound(f"Run {run_id} not found", code="run_not_found")
+    run = found[0]
+    if not run.cancelled:  # type: ignore[attr-defined]
+        _refuse_sub_agent_run(run)
+        _refuse_finished_run(run)
+        return False, None
+    transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc())
+    if run.status == RunStatus.RUNNING:
+        _notify_in_process(CANCEL_CHANNEL, notice)
+    result: Run | None
+    if deleted:
+        logger.info(
+            "cancel run=%s agent=%s action=rollback attempt=%s", run.id, run.agent_id, run.attempt
+        )
+        _publish(run, status="deleted", seq=run.last_seq + 1)
+        result = None
+    else:
+        _interrupted(run, reason, now)
+        run.last_seq += 1
+        logger.info(
+            "cancel run=%s agent=%s action=interrupt attempt=%s", run.id, run.agent_id, run.attempt
+        )
+        _publish(run)
+        result = run
+    if answer is not None:
+        answer.read, answer.result = True, result_from_column(run.answer)  # type: ignore[attr-defined]
+    return True, result
 
 
 def _interrupted(run: Run, reason: str, now: datetime | None = None) -> datetime:
