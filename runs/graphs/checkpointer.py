@@ -39,7 +39,8 @@ Event = tuple[str, dict[str, Any], str]
 # The channel of a task's error write (LangGraph keeps the constant private; the checkpoint
 # library's WRITES_IDX_MAP, which savers use, names it).
 ERROR = "__error__"
-assert ERROR in WRITES_IDX_MAP
+if ERROR not in WRITES_IDX_MAP:  # renamed by a LangGraph release: a cancelled task would resume
+    raise ImportError(f"langgraph's checkpoint writes no longer name {ERROR!r}; see put_writes")
 
 
 def _thread_uuid(config: RunnableConfig) -> UUID:
