@@ -64,6 +64,11 @@ class StepWrite:
     parent_id: UUID | None
 
 
+def step_event(w: StepWrite) -> Event:
+    """The timeline event a written step gets (LangGraph's `values` in a stream)."""
+    return ("step", {"step": w.step, "checkpoint_id": str(w.id), "values": w.values}, "system")
+
+
 @dataclass
 class ClaimedRun:
     run: Run
@@ -89,6 +94,26 @@ class ToolOutcome:
 
 
 @dataclass
+class HeldWrites:
+    """Writes the step loop skipped because nothing between them and the next write needed
+    them committed (a read-only tool's call, an in-process model's decision): the next write
+    makes them first, as the skipped writes would have made them (docs/architecture.md)."""
+
+    steps: list[StepWrite] = field(default_factory=list)
+    # Calls proposed and not written yet, each with its own step, status and, once its
+    # read-only tool returned, its outcome (result, finished_at).
+    tool_calls: list[JSONObject] = field(default_factory=list)
+    # In the order the skipped writes would have given them, each held step's `step` event
+    # and each outcome's event included.
+    events: list[Event] = field(default_factory=list)
+    # The outcome of a call already written (its event is in `events`).
+    outcome: ToolOutcome | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.steps or self.tool_calls or self.events or self.outcome)
+
+
+@dataclass
 class BulkCancelResult:
     interrupted: list[UUID] = field(default_factory=list)
     deleted: list[UUID] = field(default_factory=list)  # rolled back
@@ -109,6 +134,8 @@ class SuspendPlan:
     steps: list[StepWrite] = field(default_factory=list)
     new_tool_calls: list[JSONObject] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    # Writes held before that decision (`HeldWrites`), written first.
+    held: HeldWrites | None = None
 
 
 # LangGraph's NAMESPACE_GRAPH: a graph's system assistant id is uuid5(NAMESPACE_GRAPH, graph_id).

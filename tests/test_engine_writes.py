@@ -4,6 +4,7 @@ folded into the next write where nothing happens in between."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import pytest
@@ -11,10 +12,25 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from runs import services
+from runs.agents.refund import issue_refund, lookup_order, refund_script
+from runs.engine import Agent, FinalAnswer, ScriptedModel, ToolCalls, loop, tool
+from runs.engine.context import NonRetryableError
+from runs.engine.model import ProposedCall
 from runs.exceptions import RunCancelled
 from runs.models import Checkpoint, Run, RunStatus, ToolCall, ToolCallStatus
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+def _refund_agent(agent_id: str, *, read_only_lookup: bool = True, **model: Any) -> Agent:
+    """The built-in refund agent under another id; its lookup with effects when asked, its
+    model in process unless `in_process=False`."""
+    lookup = dataclasses.replace(lookup_order, read_only=read_only_lookup)
+
+    class Script(ScriptedModel):
+        in_process = model.get("in_process", True)
+
+    return Agent(id=agent_id, tools=[lookup, issue_refund], model=Script(refund_script))
 
 
 @pytest.fixture
@@ -32,21 +48,24 @@ def writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     return seen
 
 
-def test_a_refund_run_reaches_its_suspension_in_three_writes_after_its_claim(drain, writes) -> None:
+def test_a_refund_run_reaches_its_suspension_in_one_write_after_its_claim(drain, writes) -> None:
     run = services.run_create(
         agent_id="refund", thread_id=None, input={"order_id": "A1", "amount": 5}, actor="t"
     )
     assert drain() == 1
-    assert [name for name, _ in writes] == ["run_save_steps", "run_save_steps", "run_suspend"]
-    decision, outcome, suspension = (kwargs for _, kwargs in writes)
-    # 1. The decision to look the order up, the call already marked running (it runs next).
-    [lookup] = decision["new_tool_calls"]
-    assert (lookup["tool_name"], lookup["status"]) == ("lookup_order", ToolCallStatus.RUNNING)
-    # 2. Its outcome, with the step that feeds it to the model.
-    assert outcome["outcome"].tool_call.tool_name == "lookup_order"
-    assert [w.step for w in outcome["steps"]] == [2]
-    # 3. The decision to refund (it waits for a reviewer) with the suspension.
-    [plan] = suspension["plans"]
+    # lookup_order is read-only and the refund agent's model decides in process: the decision
+    # to look the order up, the lookup's result and the decision to refund are held for the
+    # suspension's write.
+    assert [name for name, _ in writes] == ["run_suspend"]
+    [plan] = writes[0][1]["plans"]
+    assert plan.held is not None
+    assert [w.step for w in plan.held.steps] == [0, 1, 2]
+    [lookup] = plan.held.tool_calls
+    assert (lookup["tool_name"], lookup["status"], lookup["step"]) == (
+        "lookup_order",
+        ToolCallStatus.SUCCEEDED,
+        1,
+    )
     assert [w.step for w in plan.steps] == [3]
     assert [c["tool_name"] for c in plan.new_tool_calls] == ["issue_refund"]
 
@@ -67,8 +86,23 @@ def test_a_refund_run_reaches_its_suspension_in_three_writes_after_its_claim(dra
     ]
     seqs = list(run.events.order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, run.last_seq + 1))  # the timeline has no gap
-    kinds = list(run.events.order_by("seq").values_list("kind", flat=True))
-    assert kinds.index("tool_result") < kinds.index("suspended") == len(kinds) - 1
+    # In the order three writes gave them (decision; outcome and its step; decision and
+    # suspension), the input's step with the first write's.
+    events = [(e.kind, e.data.get("step")) for e in run.events.order_by("seq")]
+    events = events[events.index(("update", None)) :]  # after the run's creation and claim
+    assert events == [
+        ("update", None),
+        ("tool_call", None),
+        ("step", 0),
+        ("step", 1),
+        ("tool_result", None),
+        ("update", None),
+        ("step", 2),
+        ("update", None),
+        ("tool_call", None),
+        ("step", 3),
+        ("suspended", None),
+    ]
 
 
 def test_a_suspension_takes_its_thread_lock_in_its_fence(drain, monkeypatch) -> None:
@@ -110,9 +144,12 @@ def test_the_approved_refund_runs_and_finishes(drain, writes, reviewer) -> None:
     services.tool_call_approve(run=Run.objects.get(id=run.id), actor=reviewer)
     writes.clear()
     drain()
-    # The approved call is marked running (it was decided before), its outcome goes with the
-    # next step, and the model's final answer with the run's end.
-    assert [name for name, _ in writes] == ["tool_call_update", "run_save_steps", "run_finish"]
+    # The approved call is marked running (it was decided before); its outcome, the step
+    # that feeds it to the model and the model's final answer (in process) go with the end.
+    assert [name for name, _ in writes] == ["tool_call_update", "run_finish"]
+    held = writes[1][1]["held"]
+    assert held.outcome.tool_call.tool_name == "issue_refund"
+    assert [w.step for w in held.steps] == [4]
     run = Run.objects.get(id=run.id)
     assert run.status == RunStatus.SUCCESS
     refund = ToolCall.objects.get(run=run, tool_name="issue_refund")
@@ -168,11 +205,12 @@ def test_a_call_is_not_marked_running_once_its_run_was_cancelled(drain, reviewer
 
 
 def test_a_cancel_between_a_decision_and_its_tool_leaves_the_call_not_started(
-    drain, monkeypatch: pytest.MonkeyPatch
+    drain, register_agent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The lookup call is written `running` with the decision that proposes it; a cancel that
-    lands after that write and before the tool starts stops the run at the check before the
-    tool: the call goes back to `proposed` (it never ran), not `running` for ever."""
+    """A call of a tool with effects is written `running` with the decision that proposes it;
+    a cancel that lands after that write and before the tool starts stops the run at the check
+    before the tool: the call goes back to `proposed` (it never ran), not `running` for ever."""
+    register_agent(_refund_agent("refund_effects", read_only_lookup=False))
     real = services.run_save_steps
     cancelled: list[Any] = []
 
@@ -188,7 +226,7 @@ def test_a_cancel_between_a_decision_and_its_tool_leaves_the_call_not_started(
 
     monkeypatch.setattr(services, "run_save_steps", save_then_cancel)
     run = services.run_create(
-        agent_id="refund", thread_id=None, input={"order_id": "A1", "amount": 5}, actor="t"
+        agent_id="refund_effects", thread_id=None, input={"order_id": "A1", "amount": 5}, actor="t"
     )
     drain()
     run.refresh_from_db()
@@ -202,3 +240,121 @@ def test_a_cancel_between_a_decision_and_its_tool_leaves_the_call_not_started(
         None,
     )
     assert not run.events.filter(kind="tool_result").exists()
+
+
+def test_a_model_that_is_not_in_process_is_asked_after_the_outcome_is_written(
+    drain, writes, register_agent
+) -> None:
+    """A read-only call's decision is written with its result, but a model that calls out
+    (an LLM) gets nothing held while it decides: what it was given is committed first."""
+    register_agent(_refund_agent("refund_remote", in_process=False))
+    run = services.run_create(
+        agent_id="refund_remote", thread_id=None, input={"order_id": "B1", "amount": 5}, actor="t"
+    )
+    drain()
+    assert [name for name, _ in writes] == ["run_save_steps", "run_suspend"]
+    saved = writes[0][1]
+    assert [w.step for w in saved["held"].steps] == [0, 1] and [w.step for w in saved["steps"]] == [
+        2
+    ]
+    [lookup] = saved["held"].tool_calls
+    assert (lookup["tool_name"], lookup["status"]) == ("lookup_order", ToolCallStatus.SUCCEEDED)
+    assert writes[1][1]["plans"][0].held is None
+    assert Run.objects.get(id=run.id).status == RunStatus.SUSPENDED
+
+
+def test_a_slow_read_only_tool_shows_as_running_while_it_runs(drain, register_agent) -> None:
+    seen: list[tuple[str, Any]] = []
+
+    @tool(read_only=True, description="A lookup that takes its time.")
+    def slow_lookup(ctx: Any) -> dict[str, bool]:
+        # Past the grace, the held decision is written from the timer's thread (well within
+        # two seconds of a grace of READ_ONLY_GRACE_SECONDS, however busy the machine).
+        assert loop.READ_ONLY_GRACE_SECONDS < 0.5
+        until = time.monotonic() + 2
+        while time.monotonic() < until:
+            call = ToolCall.objects.filter(run_id=ctx.run_id, tool_call_id=ctx.tool_call_id).first()
+            if call is not None:
+                seen.append((call.status, call.started_at))
+                break
+            time.sleep(0.01)
+        return {"found": True}
+
+    def script(state: Any) -> ToolCalls | FinalAnswer:
+        if state.last_result("slow_lookup") is None:
+            return ToolCalls([ProposedCall("slow_lookup", {})])
+        return FinalAnswer(output=state.last_result("slow_lookup").result)
+
+    register_agent(Agent(id="slow_lookup", tools=[slow_lookup], model=ScriptedModel(script)))
+    run = services.run_create(agent_id="slow_lookup", thread_id=None, input={}, actor="t")
+    drain()
+    [(status, started_at)] = seen
+    assert status == ToolCallStatus.RUNNING and started_at is not None
+    run = Run.objects.get(id=run.id)
+    assert (run.status, run.output) == (RunStatus.SUCCESS, {"found": True})
+    call = ToolCall.objects.get(run=run)
+    assert call.status == ToolCallStatus.SUCCEEDED and call.started_at == started_at
+    kinds = [e.kind for e in run.events.order_by("seq")]
+    assert kinds.count("tool_call") == 1 and kinds.count("tool_result") == 1
+    assert list(run.events.order_by("seq").values_list("seq", flat=True)) == list(
+        range(1, run.last_seq + 1)
+    )
+
+
+def _charging_agent(agent_id: str, after: Any) -> Agent:
+    """Charges a card (a tool with effects), then asks its in-process model, which does
+    `after(state)`."""
+
+    @tool(description="Charge the card.")
+    def charge(ctx: Any) -> dict[str, str]:
+        return {"charged": "10.00"}
+
+    def script(state: Any) -> ToolCalls | FinalAnswer:
+        if state.last_result("charge") is None:
+            return ToolCalls([ProposedCall("charge", {})])
+        return after(state)
+
+    return Agent(id=agent_id, tools=[charge], model=ScriptedModel(script))
+
+
+def _charged(drain: Any, register_agent: Any, agent_id: str, after: Any) -> Run:
+    """A charging agent's run executed; its charge on record. Returns the run as it ended."""
+    register_agent(_charging_agent(agent_id, after))
+    run = services.run_create(agent_id=agent_id, thread_id=None, input={}, actor="t")
+    drain()
+    call = ToolCall.objects.get(run_id=run.id)
+    assert (call.status, call.result) == (ToolCallStatus.SUCCEEDED, {"charged": "10.00"})
+    return Run.objects.get(id=run.id)
+
+
+def test_a_held_outcome_is_written_when_the_model_then_fails(drain, register_agent) -> None:
+    def fail(state: Any) -> Any:
+        raise NonRetryableError("the script has no answer")
+
+    run = _charged(drain, register_agent, "charge_then_fail", fail)
+    assert run.status == RunStatus.ERROR
+    kinds = [e.kind for e in run.events.order_by("seq")]
+    assert kinds.index("tool_result") < kinds.index("finished")
+
+
+def test_a_held_outcome_is_recorded_after_a_cancel_that_ended_the_run(
+    drain, register_agent
+) -> None:
+    def cancel_then_answer(state: Any) -> FinalAnswer:
+        # A support agent's cancel, committed while the outcome waits for this decision.
+        run = Run.objects.get(agent_id="charge_then_cancel")
+        services.run_cancel(run=run, action="interrupt", actor="t", reason="stop")
+        return FinalAnswer(output="done")
+
+    run = _charged(drain, register_agent, "charge_then_cancel", cancel_then_answer)
+    assert run.status == RunStatus.INTERRUPTED
+    [result] = run.events.filter(kind="tool_result")
+    assert result.data["after_cancel"] is True
+
+
+def test_read_only_is_refused_on_a_tool_that_always_needs_approval() -> None:
+    with pytest.raises(ValueError, match="read_only has no effect"):
+
+        @tool(read_only=True, requires_approval=True)
+        def refund_quietly(ctx: Any) -> None:
+            return None

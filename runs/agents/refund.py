@@ -17,6 +17,7 @@ INPUT_SCHEMA: dict[str, Any] = {  # a JSON schema
 
 @tool(
     description="Look up an order by id.",
+    read_only=True,
     parameters={
         "type": "object",
         "properties": {"order_id": {"type": "string"}},

@@ -65,8 +65,17 @@ class Tool:
     review_timeout_seconds: float | None = None
     on_review_timeout: str | None = None
     review_timeout_reason: str = ""
+    # The tool changes nothing outside the run (a lookup, a search, a calculation): a crash
+    # may run it again harmlessly, so a decision calling only such tools is written with their
+    # results instead of before them (engine/loop.py). Refused with requires_approval=True.
+    read_only: bool = False
 
     def __post_init__(self) -> None:
+        if self.read_only and self.requires_approval is True:
+            raise ValueError(
+                f"tool {self.name}: read_only has no effect on a tool that always needs"
+                " approval (its call is written before it waits); drop one of them"
+            )
         if hasattr(self.parameters, "model_json_schema"):  # a pydantic model class
             self.parameters = _pydantic_schema(self.parameters)
         _check_review_options(
@@ -101,6 +110,7 @@ def tool(
     review_timeout_seconds: float | None = None,
     on_review_timeout: str | None = None,
     review_timeout_reason: str = "",
+    read_only: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]:
     """Decorator: `@tool(requires_approval=True) def issue_refund(ctx, order_id, amount): ...`."""
 
@@ -115,6 +125,7 @@ def tool(
             review_timeout_seconds=review_timeout_seconds,
             on_review_timeout=on_review_timeout,
             review_timeout_reason=review_timeout_reason,
+            read_only=read_only,
         )
 
     return wrap

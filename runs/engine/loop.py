@@ -6,20 +6,27 @@ checkpoint (its pending tool calls) before any of its calls runs, so a retried o
 never asks the model twice once something acted on its answer. Writes are folded into the next
 one where nothing happens in between (docs/architecture.md): a decision whose calls all wait for
 a reviewer is written with the suspension, the last outcome of a step with the step after it.
+Writes are also held (`HeldWrites`) where what happens before the next one may safely happen
+again after a crash and takes no time worth showing: a decision whose calls are all read-only
+tools (`@tool(read_only=True)`) is written with their results, and with an in-process model
+(`ScriptedModel`) a step's outcome waits for the model's next decision. A read-only tool still
+running after READ_ONLY_GRACE_SECONDS gets the held writes made at once, so it shows as running.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import threading
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from django.db import connection
+from django.db import connection, connections
+from django.utils import timezone
 
 from runs import services
-from runs.engine.agent import Agent
+from runs.engine.agent import Agent, Tool
 from runs.engine.context import (
     NonRetryableError,
     RunControl,
@@ -35,8 +42,12 @@ from runs.models import Checkpoint, Run, RunStatus, ToolCall, ToolCallStatus
 from runs.rows import instances
 
 logger = logging.getLogger("runs.engine")
+Event = tuple[str, dict[str, Any], str]
+_now = timezone.now
 
 RESOLVED = (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED, ToolCallStatus.DECLINED)
+# A read-only tool whose decision is held: past this, the held writes are made while it runs.
+READ_ONLY_GRACE_SECONDS = 0.05
 
 
 @dataclass
@@ -45,6 +56,7 @@ class Finished:
     values: dict[str, Any]
     steps: list[services.StepWrite]  # written together with the end of the run
     events: list[tuple[str, dict[str, Any], str]]
+    held: services.HeldWrites | None = None  # written first, with the end
 
 
 @dataclass
@@ -94,6 +106,12 @@ class StepLoop:
         # step is written with the end of the run, so an agent that answers at once costs one
         # transaction after its claim.
         self._unsaved: list[services.StepWrite] = []
+        # Writes skipped for the next one (module docstring); `_held_lock` is taken by whoever
+        # makes them while a read-only tool runs (its grace timer, or the tool's own emit).
+        self._held = services.HeldWrites()
+        self._held_lock = threading.Lock()
+        self._held_error: BaseException | None = None
+        self._grace_open = False
         # Calls written `running` with their decision (this attempt): not marked again.
         self._marked_running: set[str] = set()
 
@@ -167,8 +185,11 @@ class StepLoop:
     def run_until_stop(self) -> Finished | Suspended:
         try:
             return self._steps()
-        except RunStopped:
-            if self._marked_running:
+        except BaseException as exc:
+            # Whatever stops the run, what was held is written first (a tool's outcome must not
+            # vanish); under a cancel the write records only the outcome, as after_cancel.
+            self._write_held_quietly()
+            if isinstance(exc, RunStopped) and self._marked_running:
                 # Written `running` with their decision, but stopped before their tools started.
                 services.tool_calls_not_started(
                     lease=self.lease, tool_call_ids=sorted(self._marked_running)
@@ -183,6 +204,7 @@ class StepLoop:
             if checkpoint.pending:
                 plans, last = self._run_tools(checkpoint, calls)
                 if plans is not None:
+                    plans[-1].held = self._take_held()  # this run's own plan is the last
                     return Suspended(plans=plans, values=checkpoint.values)
                 values = dict(checkpoint.values)
                 tool_messages = []
@@ -199,7 +221,11 @@ class StepLoop:
                 values["messages"] = [*values.get("messages", []), *tool_messages]
                 checkpoint = self._next(checkpoint, values, [])
                 update = {"node": "tools", "update": {"messages": tool_messages}}
-                self._save(checkpoint, events=[("update", update, "system")], outcome=last)
+                if getattr(self.agent.model, "in_process", False) is True:
+                    # The model decides at once, in this process: the outcome goes with it.
+                    self._hold(checkpoint, events=[("update", update, "system")], outcome=last)
+                else:
+                    self._save(checkpoint, events=[("update", update, "system")], outcome=last)
                 continue
 
             if decisions >= self.agent.max_steps:
@@ -233,6 +259,7 @@ class StepLoop:
                     values=values,
                     steps=steps,
                     events=[("update", update, "system")],
+                    held=self._take_held(),
                 )
             if not isinstance(decision, ToolCalls) or not decision.calls:
                 raise NonRetryableError(f"model of agent {self.agent.id} returned {decision!r}")
@@ -286,10 +313,20 @@ class StepLoop:
                     steps=steps,
                     new_tool_calls=new_calls,
                     events=events,
+                    held=self._take_held(),
                 )
                 return Suspended(plans=[plan], values=checkpoint.values)
+            if all(self._at_once(n) == "read" for n in new_calls):
+                # Only read-only tools run next: the decision is written with their results.
+                for n in new_calls:
+                    n["id"], n["step"] = uuid7(), checkpoint.step
+                self._hold(checkpoint, new_tool_calls=new_calls, events=events)
+                calls.update(
+                    {n["tool_call_id"]: ToolCall(run_id=self.run.id, **n) for n in new_calls}
+                )
+                continue
             first = new_calls[0]
-            if self._at_once(first) == "run":
+            if self._at_once(first) in ("run", "read"):
                 # The first call runs right after the decision: its `running` mark goes with it.
                 self.control.check()  # stop before any tool call
                 first["status"] = ToolCallStatus.RUNNING
@@ -298,12 +335,15 @@ class StepLoop:
             calls.update({tc.tool_call_id: tc for tc in created})
 
     def _at_once(self, call: dict[str, Any]) -> str | None:
-        """What `_run_tools` will do first with a proposed call: "run" it, "wait" for a
-        reviewer, or None (it fails: unknown tool or invalid arguments)."""
+        """What `_run_tools` will do first with a proposed call: "run" it, run it and it is
+        "read"-only, "wait" for a reviewer, or None (it fails: unknown tool or invalid
+        arguments)."""
         tool = self.agent.get_tool(call["tool_name"])
         if tool is None or tool.argument_errors(call["args"]):
             return None
-        return "wait" if tool.needs_approval(call["args"]) else "run"
+        if tool.needs_approval(call["args"]):
+            return "wait"
+        return "read" if tool.read_only else "run"
 
     def _run_tools(
         self, checkpoint: services.StepWrite, calls: dict[str, ToolCall]
@@ -352,9 +392,13 @@ class StepLoop:
                     )
                     continue
             self.control.check()  # stop before any tool call
-            if tc.tool_call_id in self._marked_running:
+            held_call = self._held_call(tc.tool_call_id)
+            if held_call is not None:  # read-only, its decision held: written with its result
+                held_call["status"], held_call["started_at"] = ToolCallStatus.RUNNING, _now()
+            elif tc.tool_call_id in self._marked_running:
                 self._marked_running.discard(tc.tool_call_id)  # marked with its decision
             else:
+                self._write_held()
                 self._fenced(
                     services.tool_call_update(
                         lease=self.lease, tool_call=tc, status=ToolCallStatus.RUNNING
@@ -370,7 +414,10 @@ class StepLoop:
                 executor=self,
             )
             try:
-                result = tool.run(ctx, tc.args)
+                if held_call is not None:
+                    result = self._run_read_only(tool, ctx, tc.args)
+                else:
+                    result = tool.run(ctx, tc.args)
             except SuspendRequested as s:
                 entry = self._waiting_entry(tc, ToolCallStatus.AWAITING_INPUT)
                 entry["suspend_payload"] = s.payload
@@ -393,20 +440,120 @@ class StepLoop:
         step: services.StepWrite,
         *,
         new_tool_calls: list[dict[str, Any]] | None = None,
-        events: list[tuple[str, dict[str, Any], str]] | None = None,
+        events: list[Event] | None = None,
         outcome: services.ToolOutcome | None = None,
     ) -> list[ToolCall]:
-        """Write the step (with any unsaved before it); returns the tool calls it created."""
+        """Write the step (after what was held, with any unsaved before it); returns the tool
+        calls it created, the held ones first."""
+        events, outcome = self._outcome_held(list(events or ()), outcome)
         steps, self._unsaved = [*self._unsaved, step], []
         fence = services.run_save_steps(
             lease=self.lease,
             steps=steps,
             new_tool_calls=new_tool_calls or (),
-            events=events or (),
+            events=events,
             outcome=outcome,
+            held=self._take_held(),
         )
         self._fenced(fence)
         return fence.tool_calls
+
+    # -- writes held for the next one (module docstring) -------------------------------------
+
+    def _hold(
+        self,
+        step: services.StepWrite,
+        *,
+        new_tool_calls: list[dict[str, Any]] | None = None,
+        events: list[Event] | None = None,
+        outcome: services.ToolOutcome | None = None,
+    ) -> None:
+        """What `_save` would write, held for the next write, in the same order."""
+        events, outcome = self._outcome_held(list(events or ()), outcome)
+        steps, self._unsaved = [*self._unsaved, step], []
+        held = self._held
+        outcome_events = [outcome.event] if outcome is not None else []
+        held.events += [*outcome_events, *events, *(services.step_event(w) for w in steps)]
+        held.steps += steps
+        held.tool_calls += new_tool_calls or []
+        if outcome is not None:
+            held.outcome = outcome
+
+    def _outcome_held(
+        self, events: list[Event], outcome: services.ToolOutcome | None
+    ) -> tuple[list[Event], services.ToolOutcome | None]:
+        """An outcome about to be written or held: folded into its call when that call is held
+        (its event first among `events`, where a write puts an outcome's), else returned; a
+        second outcome of a written call gets what is held written first (one at a time)."""
+        if outcome is None:
+            return events, None
+        call = self._held_call(outcome.tool_call.tool_call_id)
+        if call is not None:
+            call.update(status=outcome.status, result=outcome.result, finished_at=_now())
+            return [outcome.event, *events], None
+        if self._held.outcome is not None:
+            self._write_held()
+        return events, outcome
+
+    def _held_call(self, tool_call_id: str) -> dict[str, Any] | None:
+        return next((c for c in self._held.tool_calls if c["tool_call_id"] == tool_call_id), None)
+
+    def _take_held(self) -> services.HeldWrites | None:
+        held, self._held = self._held, services.HeldWrites()
+        return held or None
+
+    def _write_held(self) -> None:
+        """Make what is held now, as a write of its own (before a write that cannot carry it)."""
+        with self._held_lock:
+            held = self._take_held()
+            if held is not None:
+                self._fenced(services.run_save_steps(lease=self.lease, steps=[], held=held))
+
+    def _write_held_quietly(self) -> None:
+        try:
+            self._write_held()
+        except Exception as exc:  # the run stops anyway: its lease lost, cancelled, deleted
+            logger.info("run=%s: held writes not made (%s)", self.run.id, type(exc).__name__)
+
+    def _run_read_only(self, tool: Tool, ctx: ToolContext, args: dict[str, Any]) -> Any:
+        """Run a read-only tool whose decision is held. Still running after the grace, it gets
+        the held writes made from a timer's thread (its own connection), so that a slow
+        lookup shows on the run's page as running; a call that waits gets them made first."""
+        self._grace_open = True
+        timer = threading.Timer(READ_ONLY_GRACE_SECONDS, self._write_held_after_grace)
+        timer.daemon = True
+        timer.start()
+        try:
+            result = tool.run(ctx, args)
+        except (SuspendRequested, SubAgentSuspended):
+            self._close_grace(timer)
+            self._write_held()  # a waiting call is written before its suspension
+            raise
+        except BaseException:
+            self._close_grace(timer)
+            raise
+        self._close_grace(timer)
+        return result
+
+    def _write_held_after_grace(self) -> None:
+        try:
+            with self._held_lock:
+                if self._grace_open:
+                    held = self._take_held()
+                    if held is not None:
+                        self._fenced(services.run_save_steps(lease=self.lease, steps=[], held=held))
+        except BaseException as exc:  # raised in the loop's thread once the tool returns
+            self._held_error = exc
+        finally:
+            connections.close_all()
+
+    def _close_grace(self, timer: threading.Timer) -> None:
+        timer.cancel()
+        with self._held_lock:  # a write the timer began is waited for
+            self._grace_open = False
+            error, self._held_error = self._held_error, None
+        if error is not None:
+            raise error
 
     def _fenced(self, fence: services.FenceResult) -> None:
         # Every fenced write also reads the run's cancel request: no NOTIFY needed to see it.
@@ -429,6 +576,11 @@ class StepLoop:
         return services.ToolOutcome(tool_call=tc, status=status, result=result, event=event)
 
     def _record(self, outcome: services.ToolOutcome) -> None:
+        events, unheld = self._outcome_held([], outcome)
+        if unheld is None:  # a held call's: its event waits with it
+            self._held.events += events
+            return
+        self._write_held()
         services.tool_call_update(
             lease=self.lease,
             tool_call=outcome.tool_call,
@@ -483,9 +635,11 @@ class StepLoop:
     # -- called through ToolContext -----------------------------------------------------------
 
     def emit(self, data: dict[str, Any]) -> None:
+        self._write_held()  # the event follows what is held, in the timeline's order
         services.run_emit(lease=self.lease, kind="custom", data=data)
 
     def delegate(self, ctx: ToolContext, agent_id: str, input: Any) -> Any:
+        self._write_held()  # the delegating call is read back
         tc = ToolCall.objects.get(run_id=self.run.id, tool_call_id=ctx.tool_call_id)
         child_lease = services.run_create_child(
             lease=self.lease, tool_call=tc, agent_id=agent_id, input=input
@@ -506,6 +660,7 @@ class StepLoop:
             values=outcome.values,
             steps=outcome.steps,
             events=outcome.events,
+            held=outcome.held,
         )
         return outcome.output
 

@@ -70,6 +70,10 @@ class ModelInput:
 
 
 class Model(Protocol):
+    """`decide` returns the next decision. A model may set `in_process = True` when it decides
+    at once in this process (no network, nothing slow): the engine then writes a step's tool
+    outcome together with the decision that follows it (engine/loop.py)."""
+
     def decide(self, state: ModelInput, tools: Sequence[Tool]) -> Decision: ...
 
 
@@ -79,6 +83,8 @@ class ModelError(Exception):
 
 class ScriptedModel:
     """Deterministic rules: `script(state) -> ToolCalls | FinalAnswer`."""
+
+    in_process = True  # a script of this process decides at once (Model)
 
     def __init__(self, script: Callable[[ModelInput], Decision]):
         self.script = script

@@ -99,6 +99,7 @@ def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
                 values=outcome.values,
                 steps=outcome.steps,
                 events=outcome.events,
+                held=outcome.held,
             )
             outcome_status = RunStatus.SUCCESS
         else:

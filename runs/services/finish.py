@@ -11,7 +11,16 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Exists
 
-from runs.contracts import Event, FenceResult, JSONObject, JSONValue, Lease, StepWrite
+from runs.contracts import (
+    Event,
+    FenceResult,
+    HeldWrites,
+    JSONObject,
+    JSONValue,
+    Lease,
+    StepWrite,
+    step_event,
+)
 from runs.exceptions import RunCancelled
 from runs.models import (
     ACTIVE_STATUSES,
@@ -19,7 +28,9 @@ from runs.models import (
     Run,
     RunStatus,
     ThreadStatus,
+    ToolCall,
 )
+from runs.rows import insert, insert_statements, write_together
 from runs.services.cancel import _apply_cancel
 from runs.services.core import (
     _UNSET,
@@ -47,8 +58,14 @@ from runs.services.core import (
     stateless_expiry,
 )
 from runs.services.notifications import _announce, _rules_of_run
-from runs.services.search import search_refresh, source_columns, source_of
-from runs.services.steps import _step_event, _write_steps
+from runs.services.search import DocumentSource, search_refresh, source_columns, source_of
+from runs.services.steps import (
+    _new_tool_calls,
+    _record_after_cancel,
+    _tool_call_changes,
+    _tool_call_update,
+    _write_steps,
+)
 
 
 def run_finish(
@@ -60,19 +77,48 @@ def run_finish(
     values: JSONObject | _Unset | None = _UNSET,
     steps: Sequence[StepWrite] = (),
     events: Sequence[Event] = (),
+    held: HeldWrites | None = None,
 ) -> FenceResult:
-    """End a run the worker holds (success, error or timeout), with its last steps, in one go.
+    """End a run the worker holds (success, error or timeout), with its last steps, in one go;
+    `held`: writes the step loop skipped (`HeldWrites`), made first.
 
     The common path (an agent that answers at once) is a single transaction: lock the thread,
     one fenced UPDATE that also ends the run, bulk inserts, and the thread's new status.
     """
+    held = held or HeldWrites()
+    try:
+        return _finish(lease, status, output, error, values, steps, events, held)
+    except RunCancelled as stop:
+        if held.outcome is not None and not stop.deleted:
+            # What the tool did must not vanish: recorded as run_save_steps records it.
+            done = held.outcome
+            update = _tool_call_changes(done.status, done.result)
+            _record_after_cancel(lease, done.tool_call, update, done.event)
+        raise
+
+
+def _finish(
+    lease: Lease,
+    status: str,
+    output: JSONValue,
+    error: JSONObject | None,
+    values: JSONObject | _Unset | None,
+    steps: Sequence[StepWrite],
+    events: Sequence[Event],
+    held: HeldWrites,
+) -> FenceResult:
     _validate_choice(status, (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.TIMEOUT), "status")
     finished: dict[str, object] = {"status": status}
     if output is not None:
         finished["output"] = output
     if error is not None:
         finished["error"] = error
-    all_events = [*events, *(_step_event(w) for w in steps), ("finished", finished, "system")]
+    all_events = [
+        *held.events,
+        *events,
+        *(step_event(w) for w in steps),
+        ("finished", finished, "system"),
+    ]
     lease = _complete_lease(lease)
     # Twins: on PostgreSQL a success ends in one statement (_FINISH_SQL_POSTGRES, below); every
     # other end, and SQLite, takes the ORM path that follows. Change one, change the other.
@@ -84,7 +130,7 @@ def run_finish(
     ):
         if values is _UNSET:
             values = steps[-1].values if steps else _latest_thread_values(lease.thread_id)
-        return _finish_success_postgres(lease, output, values, steps, all_events)
+        return _finish_success_postgres(lease, output, values, steps, all_events, held)
     with transaction.atomic():
         _lock_thread(lease.thread_id)
         now = _now()
@@ -97,7 +143,12 @@ def run_finish(
             finished_at=now,
             **LEASE_CLEARED,
         )
-        _write_steps(lease, steps)
+        _write_steps(lease, [*held.steps, *steps])
+        if held.outcome is not None:
+            done = held.outcome
+            update = _tool_call_changes(done.status, done.result)
+            ToolCall.objects.filter(id=done.tool_call.id).update(**update)
+        insert(_new_tool_calls(lease, held.steps, held.tool_calls))
         _insert_events(lease.run_id, fence.last_seq, all_events)
         search_refresh(run_ids=[lease.run_id])
         if status != RunStatus.SUCCESS:
@@ -174,10 +225,13 @@ def _finish_success_postgres(
     values: JSONObject | None,
     steps: Sequence[StepWrite],
     all_events: Sequence[Event],
+    held: HeldWrites,
 ) -> FenceResult:
     """The common end of a run as two statements: lock the thread (reading what the run's
     search document is made of), then one statement that fences and ends the run, writes its
-    last steps, events and document, and updates the thread."""
+    last steps, events and document, and updates the thread. Held calls and a held outcome
+    are one statement more between the two (the end's statement checks the fence: a lost
+    lease rolls them back)."""
     now = _now()
     params: dict[str, UUID | str | int | datetime | None] = {
         "run": lease.run_id,
@@ -198,7 +252,7 @@ def _finish_success_postgres(
                     "values": w.values,
                     "pending": w.pending,
                 }
-                for w in steps
+                for w in [*held.steps, *steps]
             ],
             allow_nan=False,
         ),
@@ -219,6 +273,8 @@ def _finish_success_postgres(
             if found is None:  # the run was deleted (with its thread or by a rollback)
                 raise _lease_lost(lease)
             source = source_of(lease.run_id, found)
+            if held.tool_calls or held.outcome:
+                _write_held_calls(lease, held, source)
             source.ended(output=output)
             params["document"] = source.document()
             cursor.execute(_FINISH_SQL_POSTGRES, params)
@@ -229,6 +285,20 @@ def _finish_success_postgres(
             _announce(lease.run_id, RunStatus.SUCCESS)
         _publish_fenced(lease, row[0], status=RunStatus.SUCCESS)
     return FenceResult(last_seq=row[0], cancel_action=row[1])
+
+
+def _write_held_calls(lease: Lease, held: HeldWrites, source: DocumentSource) -> None:
+    """A held outcome and the held calls (`HeldWrites`), in one statement; the run's document
+    source follows them."""
+    writes = []
+    if held.outcome is not None:
+        done = held.outcome
+        update = _tool_call_changes(done.status, done.result)
+        writes.append(_tool_call_update(done.tool_call, update, source))
+    created = _new_tool_calls(lease, held.steps, held.tool_calls)
+    writes += insert_statements(created)
+    source.calls_added(created)
+    write_together(writes, "SELECT 1", [], connection.alias)
 
 
 def _fail_children(run_id: UUID, status: str) -> None:

@@ -13,6 +13,7 @@ from runs import metrics
 from runs.contracts import (
     Event,
     FenceResult,
+    HeldWrites,
     JSONObject,
     JSONValue,
     Lease,
@@ -20,6 +21,7 @@ from runs.contracts import (
     SuspendPlan,
     ToolOutcome,
     interrupt_of,
+    step_event,
 )
 from runs.engine.registry import review_policy, tool_description
 from runs.exceptions import RunCancelled
@@ -66,10 +68,6 @@ from runs.services.search import (
 )
 
 
-def _step_event(w: StepWrite) -> Event:
-    return ("step", {"step": w.step, "checkpoint_id": str(w.id), "values": w.values}, "system")
-
-
 def _write_steps(lease: Lease, steps: Sequence[StepWrite]) -> None:
     insert(_checkpoint_rows(lease, steps))
 
@@ -112,31 +110,40 @@ def run_save_steps(
     new_tool_calls: Sequence[JSONObject] = (),
     events: Sequence[Event] = (),
     outcome: ToolOutcome | None = None,
+    held: HeldWrites | None = None,
 ) -> FenceResult:
     """Write steps (checkpoints), the tool calls the model proposed, and timeline events.
 
     `outcome`: the result of the tool call that ran last, recorded in the same transaction (the
     step that follows it is what the loop writes next, with no other work in between). A new
-    call with status `running` is one the loop runs right after this write. The FenceResult
-    carries the created tool calls as written.
+    call with status `running` is one the loop runs right after this write. `held`: writes the
+    loop skipped (`HeldWrites`), made first. The FenceResult carries the created tool calls
+    (the held ones first) as written.
 
     Two statements on PostgreSQL: the fence (reading what the run's document is made of, when
     the write changes it), then every row of the write (`rows.write_together`).
     """
     lease = _complete_lease(lease)
+    held = held or HeldWrites()
     outcome_events = [outcome.event] if outcome is not None else []
-    all_events = [*outcome_events, *events, *(_step_event(w) for w in steps)]
+    all_events = [*held.events, *outcome_events, *events, *(step_event(w) for w in steps)]
+    outcomes = [o for o in (held.outcome, outcome) if o is not None]
     try:
         with transaction.atomic():
             fence, source = _fence_for_write(
-                lease, events=len(all_events), document=bool(new_tool_calls or outcome)
+                lease,
+                events=len(all_events),
+                document=bool(new_tool_calls or outcomes or held.tool_calls),
             )
             writes = []
-            if outcome is not None:
-                update = _tool_call_changes(outcome.status, outcome.result)
-                writes.append(_tool_call_update(outcome.tool_call, update, source))
-            writes += insert_statements(_checkpoint_rows(lease, steps))
-            created = _new_tool_calls(lease, steps, new_tool_calls)
+            for done in outcomes:
+                update = _tool_call_changes(done.status, done.result)
+                writes.append(_tool_call_update(done.tool_call, update, source))
+            writes += insert_statements(_checkpoint_rows(lease, [*held.steps, *steps]))
+            created = [
+                *_new_tool_calls(lease, held.steps, held.tool_calls),
+                *_new_tool_calls(lease, steps, new_tool_calls),
+            ]
             writes += insert_statements(created)
             writes += insert_statements(_event_rows(lease.run_id, fence.last_seq, all_events))
             if source is not None:
@@ -146,10 +153,11 @@ def run_save_steps(
             fence.tool_calls = created
             _publish_fenced(lease, fence.last_seq)
     except RunCancelled as stop:
-        if outcome is not None and not stop.deleted:
-            # What the tool did must not vanish: recorded as tool_call_update records it.
-            update = _tool_call_changes(outcome.status, outcome.result)
-            _record_after_cancel(lease, outcome.tool_call, update, outcome.event)
+        for done in outcomes:
+            if not stop.deleted:
+                # What the tool did must not vanish: recorded as tool_call_update records it.
+                update = _tool_call_changes(done.status, done.result)
+                _record_after_cancel(lease, done.tool_call, update, done.event)
         raise
     return fence
 
@@ -157,9 +165,13 @@ def run_save_steps(
 def _new_tool_calls(
     lease: Lease, steps: Sequence[StepWrite], new_tool_calls: Sequence[JSONObject]
 ) -> list[ToolCall]:
-    """The calls a decision proposed, at its (last) step, unsaved."""
+    """The calls a decision proposed, at its (last) step unless a call names its own (a held
+    call, `HeldWrites`), unsaved."""
     step = steps[-1].step if steps else 0
-    return [ToolCall(run_id=lease.run_id, step=step, **tc, **_started(tc)) for tc in new_tool_calls]
+    return [
+        ToolCall(run_id=lease.run_id, **{"step": step, **_started(tc), **tc})
+        for tc in new_tool_calls
+    ]
 
 
 def _create_tool_calls(
@@ -314,17 +326,26 @@ def run_emit(*, lease: Lease, kind: str, data: JSONObject) -> None:
 
 
 def _decision_events(plan: SuspendPlan) -> int:
-    return len(plan.events) + len(plan.steps)
+    return len(plan.events) + len(plan.steps) + (len(plan.held.events) if plan.held else 0)
 
 
 def _write_decision(lease: Lease, plan: SuspendPlan, last_seq: int) -> None:
-    """A plan's unwritten decision (steps, proposed calls, events), before its suspension;
-    its events take the seqs just before the `suspended` event's (`last_seq`)."""
-    if not plan.steps and not plan.new_tool_calls:
+    """A plan's unwritten decision (steps, proposed calls, events), after the writes held
+    before it, before its suspension; their events take the seqs just before the `suspended`
+    event's (`last_seq`)."""
+    held = plan.held or HeldWrites()
+    if not plan.steps and not plan.new_tool_calls and not held:
         return
-    _write_steps(lease, plan.steps)
+    _write_steps(lease, [*held.steps, *plan.steps])
+    if held.outcome is not None:
+        done = held.outcome
+        update = _tool_call_changes(done.status, done.result)
+        ToolCall.objects.filter(id=done.tool_call.id).update(**update)
+        if not held.tool_calls and not plan.new_tool_calls:
+            search_refresh(run_ids=[lease.run_id])
+    _create_tool_calls(lease, held.steps, held.tool_calls)
     _create_tool_calls(lease, plan.steps, plan.new_tool_calls)
-    events = [*plan.events, *(_step_event(w) for w in plan.steps)]
+    events = [*held.events, *plan.events, *(step_event(w) for w in plan.steps)]
     _insert_events(lease.run_id, last_seq - 1, events)
 
 
@@ -431,8 +452,9 @@ def _park_one(lease: Lease, plan: SuspendPlan, values: JSONObject | None) -> str
     calls, what the run's document is made of; then the decision's checkpoint, its calls written
     waiting, the events, the run parked, its thread and its document as one statement on
     PostgreSQL (`rows.write_together`; 12 statements one by one)."""
+    held = plan.held or HeldWrites()
     with transaction.atomic():
-        document = bool(plan.new_tool_calls)
+        document = bool(plan.new_tool_calls or held.tool_calls or held.outcome)
         columns = source_columns("runs_run") if document else None
         more = ", ".join(c for c in (_ANNOUNCED, columns) if c)
         fence, read = _fence_returning(
@@ -449,9 +471,17 @@ def _park_one(lease: Lease, plan: SuspendPlan, values: JSONObject | None) -> str
             source = source_of(lease.run_id, read[1:]) if columns else source_read(lease.run_id)
         now = _now()
         created = {
-            tc.tool_call_id: tc for tc in _new_tool_calls(lease, plan.steps, plan.new_tool_calls)
+            tc.tool_call_id: tc
+            for tc in [
+                *_new_tool_calls(lease, held.steps, held.tool_calls),
+                *_new_tool_calls(lease, plan.steps, plan.new_tool_calls),
+            ]
         }
         waiting_updates = []
+        if held.outcome is not None:
+            done = held.outcome
+            update = _tool_call_changes(done.status, done.result)
+            waiting_updates.append(_tool_call_update(done.tool_call, update, source))
         interrupts = []
         for w in plan.waiting:
             policy = review_policy(lease.agent_id, w.get("tool_name"))
@@ -479,11 +509,11 @@ def _park_one(lease: Lease, plan: SuspendPlan, values: JSONObject | None) -> str
             description = tool_description(lease.agent_id, w.get("tool_name"))
             interrupts.append(interrupt_of({**w, "description": description}))
         decided = plan.steps or plan.new_tool_calls
-        events = [*plan.events, *(_step_event(w) for w in plan.steps)] if decided else []
-        events.append(("suspended", {"interrupts": interrupts}, "system"))
+        events = [*plan.events, *(step_event(w) for w in plan.steps)] if decided else []
+        events = [*held.events, *events, ("suspended", {"interrupts": interrupts}, "system")]
         at = DateTimeField().get_db_prep_value(now, connection)
         writes = [
-            *insert_statements(_checkpoint_rows(lease, plan.steps)),
+            *insert_statements(_checkpoint_rows(lease, [*held.steps, *plan.steps])),
             *insert_statements(list(created.values())),
             *waiting_updates,
             *insert_statements(_event_rows(lease.run_id, fence.last_seq, events)),
@@ -491,7 +521,8 @@ def _park_one(lease: Lease, plan: SuspendPlan, values: JSONObject | None) -> str
         ]
         if lease.thread_id is not None:
             if values is None:
-                values = plan.steps[-1].values if plan.steps else None
+                last = [*held.steps, *plan.steps]
+                values = last[-1].values if last else None
             latest = values if values is not None else _latest_thread_values(lease.thread_id)
             writes.append(
                 _refresh_threads_statement(
