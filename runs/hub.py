@@ -46,11 +46,14 @@ GOING = frozenset({RunStatus.PENDING.value, RunStatus.RUNNING.value})
 class _Slot:
     """What the hub sets for one waiter (the waiter itself is not held, so it can be collected)."""
 
-    __slots__ = ("event", "may_have_stopped")
+    __slots__ = ("event", "may_have_stopped", "outcome", "seq")
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
         self.may_have_stopped = False
+        # The newest change heard of the run itself (by its seq) and the outcome it carried.
+        self.seq = -1
+        self.outcome: tuple[str, int, Any] | None = None
 
 
 class Waiter:
@@ -78,10 +81,19 @@ class Waiter:
     def may_have_stopped(self) -> bool:
         return self._slot.may_have_stopped
 
+    def heard_outcome(self, floor: int) -> tuple[str, int, Any] | None:
+        """(status, attempt, result) of the run's end as the newest change heard of it carried
+        (`live.RunChange.outcome`), if that change is not older than `floor`, the run's seq
+        when the caller last read it: an older one (from another process, overtaken on the
+        way) must not answer for a run that changed since."""
+        slot = self._slot
+        return slot.outcome if slot.outcome is not None and slot.seq >= floor else None
+
     def clear(self) -> None:
         """Forget what was heard (before a read of the database, which sees all of it)."""
         self._slot.event.clear()
         self._slot.may_have_stopped = False
+        self._slot.outcome = None
 
 
 class Hub:
@@ -144,12 +156,20 @@ class Hub:
 
     def _wake(self, message: dict[str, Any]) -> None:
         going = message.get("status") in GOING
-        for key in (message.get("run_id"), message.get("parent_run_id")):
+        run_id, seq = message.get("run_id"), message.get("seq")
+        for key in (run_id, message.get("parent_run_id")):
             if key:
                 for slot in self._waiters.get(str(key), ()):
                     slot.event.set()
                     if not going:
                         slot.may_have_stopped = True
+                    if key == run_id and isinstance(seq, int) and seq >= slot.seq:
+                        slot.seq = seq
+                        slot.outcome = (
+                            (message["status"], message["attempt"], message["outcome"])
+                            if message.get("outcome") is not None
+                            else None
+                        )
         if not self._listeners:
             return
         for group in live.groups_of(message):

@@ -44,9 +44,21 @@ class RunChange:
     # The run's tenant: a socket of a user bound to other resources drops the message unread
     # (runs/consumers.py). None = no resource, heard by unbound staff only.
     resource_id: str | None = None
+    # A stopped run's end as `selectors.run_outcome` reads it (its attempt and the wait/join
+    # body), when the writer holds it and it is small (`OUTCOME_CARRIED_BYTES`): a wait or join
+    # woken by this change answers without reading it back (runs/api/streaming.py).
+    attempt: int | None = None
+    outcome: Any = None
 
     def message(self) -> dict[str, Any]:
-        return {"type": "run.changed", **asdict(self), "published_at": time.time()}
+        data = asdict(self)
+        if self.outcome is None:
+            del data["attempt"], data["outcome"]
+        return {"type": "run.changed", **data, "published_at": time.time()}
+
+
+# A carried outcome travels to every process's hub: a bigger one is read where it is needed.
+OUTCOME_CARRIED_BYTES = 16_384
 
 
 CHANGES = "run.changes"

@@ -129,3 +129,75 @@ async def test_a_stream_reads_on_every_change_for_its_events(reads, drain) -> No
 
 async def body_of_frames(chunks: Any) -> str:
     return b"".join([chunk async for chunk in chunks]).decode()
+
+
+async def _followed_to_its_end(agent_id: str, input: Any, drain: Any) -> tuple[Run, Any]:
+    """A run waited for as /wait waits (watched before its create, from the seq it was created
+    at), executed by the worker; (the run, the body the wait answered)."""
+    live.bind_server_loop(asyncio.get_running_loop())
+    run_id = uuid7()
+    waiter = hub().watch(run_id)
+    run = await sync_to_async(services.run_create)(
+        agent_id=agent_id, input=input, actor="t", run_id=run_id
+    )
+    body = asyncio.ensure_future(
+        body_of(
+            streaming.result_body(
+                run.id, thread_id=run.thread_id, waiter=waiter, seq_floor=run.last_seq
+            )
+        )
+    )
+    await asyncio.sleep(0.1)
+    await sync_to_async(drain)()
+    return run, await asyncio.wait_for(body, timeout=10)
+
+
+async def test_a_wait_answers_a_suspension_from_the_change_that_carried_it(reads, drain) -> None:
+    run, result = await _followed_to_its_end("refund", {"order_id": "A1", "amount": 5}, drain)
+    assert reads == []  # the suspension's change carried the body: nothing read back
+    status, _, expected = await sync_to_async(selectors.run_outcome)(run.id)
+    assert status == RunStatus.SUSPENDED
+    assert result == json.loads(json.dumps(expected, default=str))
+    [interrupt] = result["__interrupt__"]
+    assert interrupt["value"]["tool_name"] == "issue_refund"
+
+
+async def test_a_wait_answers_a_success_from_the_change_that_carried_it(reads, drain) -> None:
+    run, result = await _followed_to_its_end("echo", {"say": "hi"}, drain)
+    assert reads == []
+    status, _, expected = await sync_to_async(selectors.run_outcome)(run.id)
+    assert status == RunStatus.SUCCESS
+    assert result == json.loads(json.dumps(expected, default=str))
+    assert result["output"] == {"echo": {"say": "hi"}}
+
+
+async def test_a_carried_end_older_than_what_the_caller_read_is_not_answered(reads, drain) -> None:
+    """A change overtaken on its way (another process published a newer one, which the caller
+    read) must not answer for the run: the follower reads it instead."""
+    live.bind_server_loop(asyncio.get_running_loop())
+    run = await sync_to_async(services.run_create)(agent_id="echo", input=5, actor="t")
+    # As join does: watched, then read (here as if the read saw one change more than the one
+    # published below).
+    waiter = hub().watch(run.id)
+    known = await sync_to_async(selectors.run_outcome)(run.id, thread_id=run.thread_id)
+    follow = streaming.result_body(
+        run.id, thread_id=run.thread_id, waiter=waiter, known=known, seq_floor=run.last_seq + 1
+    )
+    body = asyncio.ensure_future(body_of(follow))
+    await asyncio.sleep(0.2)
+    assert reads == [RunStatus.PENDING]
+    stale = live.RunChange(
+        run_id=str(run.id),
+        thread_id=str(run.thread_id),
+        agent_id=run.agent_id,
+        status=RunStatus.SUCCESS,
+        seq=run.last_seq,
+        attempt=1,
+        outcome={"stale": True},
+    )
+    await sync_to_async(live.publish)(stale)
+    await asyncio.sleep(0.2)
+    assert reads == [RunStatus.PENDING, RunStatus.PENDING]  # woken, read, still going
+    await sync_to_async(drain)()
+    assert (await asyncio.wait_for(body, timeout=10))["output"] == {"echo": 5}
+    assert reads == [RunStatus.PENDING, RunStatus.PENDING, RunStatus.SUCCESS]

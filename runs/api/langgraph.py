@@ -436,7 +436,12 @@ def _result_of(
 ) -> StreamingHttpResponse:
     guard, headers = _followed(request, caller, run, "join", cancel_why)
     body = streaming.result_body(
-        run.id, thread_id=run.thread_id, guard=guard, waiter=waiter, known=known
+        run.id,
+        thread_id=run.thread_id,
+        guard=guard,
+        waiter=waiter,
+        known=known,
+        seq_floor=run.last_seq,
     )
     return streaming.json_stream_response(body, headers)
 

@@ -105,8 +105,12 @@ class RunFollower:
         waiter: Waiter | None = None,
         known_status: str | None = None,
         known: tuple[str | None, int, Any] | None = None,
+        seq_floor: int | None = None,
     ):
         self.run_id = run_id
+        # Until the follower reads the run itself, a change carrying the run's end (as the
+        # outcome read gives it) answers without a read, if it is not older than this seq.
+        self.seq_floor = seq_floor if outcome is not None else None
         self.after = after
         self.with_events = with_events and outcome is None
         self.outcome = outcome
@@ -147,8 +151,15 @@ class RunFollower:
         next_beat = time.monotonic() + HEARTBEAT_SECONDS
         read = self.status is None
         while True:
+            heard = None
+            if read and self.seq_floor is not None:
+                heard = waiter.heard_outcome(self.seq_floor)
+            if heard is not None:
+                self.status, self.attempt, self.result = heard
+                return
             if read:
                 waiter.clear()
+                self.seq_floor = None  # read from here on: the database sees all of it
                 status, attempt, events = await db(self._read, limit)
                 self.status, self.attempt = status, attempt
                 for event in events:
@@ -394,11 +405,13 @@ async def result_body(
     guard: DisconnectGuard | None = None,
     waiter: Waiter | None = None,
     known: tuple[str | None, int, Any] | None = None,
+    seq_floor: int | None = None,
 ) -> AsyncIterator[bytes]:
     """`\\n` keep-alives while the run is going, then one JSON value (LangGraph /wait body).
 
     `waiter`: registered before the run was created, which left it pending. `known`: the run's
-    outcome as just read (`selectors.run_outcome`); a stopped run is answered from it."""
+    outcome as just read (`selectors.run_outcome`); a stopped run is answered from it.
+    `seq_floor`: the run's seq as the caller read it (`RunFollower`)."""
     completed = False
     try:
         follower = RunFollower(
@@ -407,6 +420,7 @@ async def result_body(
             waiter=waiter,
             known_status=RunStatus.PENDING,
             known=known,
+            seq_floor=seq_floor,
         )
         async with follower:
             async for _item in follower.items():

@@ -813,7 +813,13 @@ def _complete_lease(lease: Lease) -> Lease:
     )
 
 
-def _publish_fenced(lease: Lease, seq: int, status: str = RunStatus.RUNNING) -> None:
+def _publish_fenced(
+    lease: Lease, seq: int, status: str = RunStatus.RUNNING, outcome: JSONValue = None
+) -> None:
+    """Publish a worker's change after commit; `outcome`: the wait/join body of a run this write
+    stops, exactly as `selectors.run_outcome` would read it back (carried when small)."""
+    if outcome is not None and len(json.dumps(outcome, default=str)) > live.OUTCOME_CARRIED_BYTES:
+        outcome = None
     live.run_changed_on_commit(
         live.RunChange(
             run_id=str(lease.run_id),
@@ -823,6 +829,8 @@ def _publish_fenced(lease: Lease, seq: int, status: str = RunStatus.RUNNING) -> 
             seq=seq,
             parent_run_id=str(lease.parent_run_id) if lease.parent_run_id else None,
             resource_id=lease.resource_id,
+            attempt=lease.attempt if outcome is not None else None,
+            outcome=outcome,
         )
     )
 

@@ -158,7 +158,7 @@ def _finish(
                 values = steps[-1].values if steps else _latest_thread_values(lease.thread_id)
             _refresh_thread(lease.thread_id, values=values, finished_status=status)
         _announce(lease.run_id, status)
-        _publish_fenced(lease, fence.last_seq, status=status)
+        _publish_fenced(lease, fence.last_seq, status=status, outcome=_success_body(status, steps))
     return fence
 
 
@@ -283,8 +283,15 @@ def _finish_success_postgres(
             raise _lease_lost(lease)
         if row[2]:
             _announce(lease.run_id, RunStatus.SUCCESS)
-        _publish_fenced(lease, row[0], status=RunStatus.SUCCESS)
+        outcome = _success_body(RunStatus.SUCCESS, steps)
+        _publish_fenced(lease, row[0], status=RunStatus.SUCCESS, outcome=outcome)
     return FenceResult(last_seq=row[0], cancel_action=row[1])
+
+
+def _success_body(status: str, steps: Sequence[StepWrite]) -> JSONObject | None:
+    """A run's wait/join body when it succeeds with these last steps: its newest checkpoint's
+    values (`selectors.run_outcome`); None when it writes none (read back instead)."""
+    return steps[-1].values if status == RunStatus.SUCCESS and steps else None
 
 
 def _write_held_calls(lease: Lease, held: HeldWrites, source: DocumentSource) -> None:

@@ -540,7 +540,10 @@ def _park_one(lease: Lease, plan: SuspendPlan, values: JSONObject | None) -> str
             lease.attempt,
             [w["tool_call_id"] for w in plan.waiting],
         )
-        _publish_fenced(lease, fence.last_seq, status=RunStatus.SUSPENDED)
+        # The wait/join body (`selectors.run_outcome`): this suspension's calls are all the
+        # run's waiting ones, in the order they were created.
+        outcome = {"__interrupt__": interrupts}
+        _publish_fenced(lease, fence.last_seq, status=RunStatus.SUSPENDED, outcome=outcome)
         if read[0]:  # after the thread's values: a run webhook's body carries them
             _announce(lease.run_id, RunStatus.SUSPENDED)
     metrics.SUSPENSIONS.inc(1)
