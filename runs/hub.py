@@ -10,10 +10,12 @@ runs/live.py) and hands each change to the local waiters and sockets it concerns
 `runs`, `run.<id>` (and the parent run's) and `thread.<id>` are derived here from the message.
 
 A waiter registers locally before it reads the database (or before the run it waits for is
-created), so a change committed between its read and its wait still wakes it. Messages only
-wake; the database stays the truth (a waiter that hears nothing re-reads it after a short poll).
-A message's status lets a waiter that only needs a run's end skip the read of a change that
-cannot be one (pending, running).
+created), so a change committed between its read and its wait still wakes it. Messages wake;
+the database stays the truth (a waiter that hears nothing re-reads it after a short poll). A
+message's status lets a waiter that only needs a run's end skip the read of a change that
+cannot be one (pending, running), and a change that ends a run may carry the end as the read
+would give it (`live.RunChange.outcome`, written by the worker at the commit it follows): a
+wait or join answers from it unless it is older than what the waiter read (`heard_outcome`).
 """
 
 from __future__ import annotations

@@ -28,7 +28,6 @@ from runs.models import (
     Run,
     RunStatus,
     ThreadStatus,
-    ToolCall,
 )
 from runs.rows import insert, insert_statements, write_together
 from runs.services.cancel import _apply_cancel
@@ -61,9 +60,9 @@ from runs.services.notifications import _announce, _rules_of_run
 from runs.services.search import DocumentSource, search_refresh, source_columns, source_of
 from runs.services.steps import (
     _new_tool_calls,
-    _record_after_cancel,
-    _tool_call_changes,
-    _tool_call_update,
+    _outcome_statement,
+    _record_outcome,
+    _record_outcome_after_cancel,
     _write_steps,
 )
 
@@ -90,10 +89,7 @@ def run_finish(
         return _finish(lease, status, output, error, values, steps, events, held)
     except RunCancelled as stop:
         if held.outcome is not None and not stop.deleted:
-            # What the tool did must not vanish: recorded as run_save_steps records it.
-            done = held.outcome
-            update = _tool_call_changes(done.status, done.result)
-            _record_after_cancel(lease, done.tool_call, update, done.event)
+            _record_outcome_after_cancel(lease, held.outcome)
         raise
 
 
@@ -145,9 +141,7 @@ def _finish(
         )
         _write_steps(lease, [*held.steps, *steps])
         if held.outcome is not None:
-            done = held.outcome
-            update = _tool_call_changes(done.status, done.result)
-            ToolCall.objects.filter(id=done.tool_call.id).update(**update)
+            _record_outcome(held.outcome)
         insert(_new_tool_calls(lease, held.steps, held.tool_calls))
         _insert_events(lease.run_id, fence.last_seq, all_events)
         search_refresh(run_ids=[lease.run_id])
@@ -299,9 +293,7 @@ def _write_held_calls(lease: Lease, held: HeldWrites, source: DocumentSource) ->
     source follows them."""
     writes = []
     if held.outcome is not None:
-        done = held.outcome
-        update = _tool_call_changes(done.status, done.result)
-        writes.append(_tool_call_update(done.tool_call, update, source))
+        writes.append(_outcome_statement(held.outcome, source))
     created = _new_tool_calls(lease, held.steps, held.tool_calls)
     writes += insert_statements(created)
     source.calls_added(created)

@@ -135,10 +135,7 @@ def run_save_steps(
                 events=len(all_events),
                 document=bool(new_tool_calls or outcomes or held.tool_calls),
             )
-            writes = []
-            for done in outcomes:
-                update = _tool_call_changes(done.status, done.result)
-                writes.append(_tool_call_update(done.tool_call, update, source))
+            writes = [_outcome_statement(done, source) for done in outcomes]
             writes += insert_statements(_checkpoint_rows(lease, [*held.steps, *steps]))
             created = [
                 *_new_tool_calls(lease, held.steps, held.tool_calls),
@@ -155,9 +152,7 @@ def run_save_steps(
     except RunCancelled as stop:
         for done in outcomes:
             if not stop.deleted:
-                # What the tool did must not vanish: recorded as tool_call_update records it.
-                update = _tool_call_changes(done.status, done.result)
-                _record_after_cancel(lease, done.tool_call, update, done.event)
+                _record_outcome_after_cancel(lease, done)
         raise
     return fence
 
@@ -196,6 +191,25 @@ def _tool_call_update(
     if source is not None and "result" in update:
         source.call_changed(tool_call.tool_call_id, result=update["result"])
     return update_statement(ToolCall, update, "id = %s", [_uuid_param(tool_call.id)])
+
+
+def _outcome_statement(
+    done: ToolOutcome, source: DocumentSource | None
+) -> tuple[str, list[object]]:
+    """The UPDATE recording a call's outcome, for `rows.write_together`."""
+    return _tool_call_update(done.tool_call, _tool_call_changes(done.status, done.result), source)
+
+
+def _record_outcome(done: ToolOutcome) -> None:
+    """A call's outcome written on its own (the caller refreshes the run's document)."""
+    changes = _tool_call_changes(done.status, done.result)
+    ToolCall.objects.filter(id=done.tool_call.id).update(**changes)
+
+
+def _record_outcome_after_cancel(lease: Lease, done: ToolOutcome) -> None:
+    """What the tool did must not vanish: recorded as `tool_call_update` records it."""
+    changes = _tool_call_changes(done.status, done.result)
+    _record_after_cancel(lease, done.tool_call, changes, done.event)
 
 
 def _started(call: JSONObject) -> dict[str, object]:
@@ -338,9 +352,7 @@ def _write_decision(lease: Lease, plan: SuspendPlan, last_seq: int) -> None:
         return
     _write_steps(lease, [*held.steps, *plan.steps])
     if held.outcome is not None:
-        done = held.outcome
-        update = _tool_call_changes(done.status, done.result)
-        ToolCall.objects.filter(id=done.tool_call.id).update(**update)
+        _record_outcome(held.outcome)
         if not held.tool_calls and not plan.new_tool_calls:
             search_refresh(run_ids=[lease.run_id])
     _create_tool_calls(lease, held.steps, held.tool_calls)
@@ -479,9 +491,7 @@ def _park_one(lease: Lease, plan: SuspendPlan, values: JSONObject | None) -> str
         }
         waiting_updates = []
         if held.outcome is not None:
-            done = held.outcome
-            update = _tool_call_changes(done.status, done.result)
-            waiting_updates.append(_tool_call_update(done.tool_call, update, source))
+            waiting_updates.append(_outcome_statement(held.outcome, source))
         interrupts = []
         for w in plan.waiting:
             policy = review_policy(lease.agent_id, w.get("tool_name"))
