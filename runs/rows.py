@@ -159,7 +159,8 @@ def instances(  # noqa: UP047
     """The model's instances for the rows of `sql`, which selects every column of the model
     (by its column names) and may select more: those become attributes of the instances, as
     they do with `raw()`, unconverted. `long`: a statement psycopg would parse for its `%s` on
-    every call (see `_fetch_numbered`), sent numbered instead on PostgreSQL."""
+    every call (see `_fetch_numbered`), sent numbered instead on PostgreSQL, and planned once
+    per connection (`_execute_planned_once`)."""
     alias = router.db_for_write(model)
     connection = connections[alias]
     if long and connection.vendor == "postgresql" and not connection.queries_logged:
@@ -167,7 +168,7 @@ def instances(  # noqa: UP047
         raw = psycopg.RawCursor(connection.connection)
         try:
             with connection.wrap_database_errors:
-                raw.execute(numbered(sql), params)
+                _execute_planned_once(raw, numbered(sql), params)
                 rows = raw.fetchall()
                 names = tuple(column.name for column in raw.description or ())
         finally:
@@ -383,8 +384,9 @@ def _fetch_numbered(
     than 4,096 bytes or has more than 50 parameters (it caches only smaller ones), as every
     write sent together is: ~12 % of a worker's CPU in a run that suspends (docs/benchmarks.md).
     Here the numbered text is kept per statement text and sent through psycopg's RawCursor,
-    which takes it as it is. When Django logs queries (DEBUG, or a test counting statements),
-    the statement goes through Django's own cursor instead, which is what logs it.
+    which takes it as it is, planned once per connection (`_execute_planned_once`). When Django
+    logs queries (DEBUG, or a test counting statements), the statement goes through Django's
+    own cursor instead, which is what logs it.
     """
     if connection.queries_logged:
         cursor.execute(sql, params)
@@ -393,8 +395,34 @@ def _fetch_numbered(
     raw = psycopg.RawCursor(connection.connection)
     try:
         with connection.wrap_database_errors:
-            raw.execute(numbered(sql), params)
+            _execute_planned_once(raw, numbered(sql), params)
             row = raw.fetchone()
     finally:
         raw.close()
     return tuple(row) if row is not None else None
+
+
+# The hot statements' plan, made once per connection (see `_execute_planned_once`).
+_GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
+_PLANS_AS_BEFORE = "RESET plan_cache_mode"
+
+
+def _execute_planned_once(raw: Any, sql: str, params: Any) -> None:
+    """Execute `sql` on the RawCursor `raw`, planned once per connection, in one round trip.
+
+    PostgreSQL plans a prepared statement for its values (a custom plan) on its first five
+    executions and only then may keep one generic plan. These hand-written statements (a
+    cancel, a suspension, a run's end, a decision) lock rows by key and write by key, so their
+    generic plans are the ones PostgreSQL settles on anyway (`bench/plan_cache.py`: none is
+    planned at every call), but planning one is most of its cost in the database (2-3 ms of a
+    cancel's 3-4): every new connection, after every restart, paid it five or six times per
+    statement. Here the statement runs with `plan_cache_mode = force_generic_plan`, set and
+    reset around it in the same pipeline (one round trip): psycopg prepares it on its second
+    execution (`prepare_threshold`) and PostgreSQL plans it then, once. A SET is transactional:
+    when the statement fails, the rollback of its transaction (the pipeline's own, outside
+    one) undoes the SET with it; every other statement keeps the server's plan choice."""
+    conn = raw.connection
+    with conn.pipeline():
+        conn.execute(_GENERIC_PLANS)
+        raw.execute(sql, params)
+        conn.execute(_PLANS_AS_BEFORE)

@@ -109,12 +109,13 @@ def _plans(*fragments: str) -> list[tuple[int, int]]:
         return [(row[0], row[1]) for row in cursor.fetchall()]
 
 
-def test_the_writes_that_park_and_cancel_a_run_keep_one_plan(drain) -> None:
-    # PostgreSQL plans a prepared statement anew at each call while its generic plan looks
-    # dearer than the plans it made for the values given; the thread refresh in these writes
-    # named its one thread as an array of unknown length, and so was planned at every call
-    # (most of a cancel's time in its write). Written as an equality, the generic plan is kept
-    # after PostgreSQL's five custom ones.
+def test_the_writes_that_park_and_cancel_a_run_are_planned_once(drain) -> None:
+    # PostgreSQL plans a prepared statement for its values on its first five calls, and anew at
+    # each later call while its generic plan looks dearer than those; planning is most of a
+    # cancel's time in the database. The thread refresh in these writes once named its one
+    # thread as an array of unknown length and was planned at every call; written as an
+    # equality its generic plan is the one PostgreSQL keeps, and these statements run with
+    # that plan from their first prepared call (rows._execute_planned_once): planned once.
     for i in range(8):
         thread = services.thread_create(metadata={})
         services.run_create(
@@ -142,5 +143,45 @@ def test_the_writes_that_park_and_cancel_a_run_keep_one_plan(drain) -> None:
         plans = _plans(write, "UPDATE runs_thread")
         assert plans, write
         for generic, custom in plans:
-            # Eight calls, of which the first two unprepared: five custom plans, then generic.
-            assert (generic, custom) == (1, 5), (write, generic, custom)
+            # Eight calls, of which the first two unprepared: the generic plan for the other
+            # six (without forcing it: five custom plans, then the generic one).
+            assert (generic, custom) == (6, 0), (write, generic, custom)
+
+
+def _plan_mode() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW plan_cache_mode")
+        return str(cursor.fetchone()[0])
+
+
+def _hot_write(divisor: int) -> None:
+    """A statement sent as the hot writes are (rows.write_together): a write, then a read that
+    divides by `divisor` (0: the statement fails in the database)."""
+    from runs.rows import write_together
+
+    write_together(
+        [("UPDATE runs_thread SET updated_at = updated_at WHERE false", [])],
+        "SELECT 1 / %s",
+        [divisor],
+        connection.alias,
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_forcing_the_generic_plan_ends_with_the_statement_that_asked_for_it() -> None:
+    """Only the hot writes run with `force_generic_plan`: after one, succeeded or failed, in a
+    transaction or on its own, the connection plans every other statement as before."""
+    from django.db import DataError, transaction
+
+    _hot_write(1)
+    assert _plan_mode() == "auto"
+    with pytest.raises(DataError):
+        _hot_write(0)  # on its own: its implicit transaction rolled back, the SET with it
+    assert _plan_mode() == "auto"
+    with transaction.atomic():
+        _hot_write(1)
+        assert _plan_mode() == "auto"
+        with pytest.raises(DataError), transaction.atomic():
+            _hot_write(0)  # in a savepoint, rolled back to
+        assert _plan_mode() == "auto"
+    assert _plan_mode() == "auto"
