@@ -165,14 +165,7 @@ def instances(  # noqa: UP047
     connection = connections[alias]
     if long and connection.vendor == "postgresql" and not connection.queries_logged:
         connection.ensure_connection()
-        raw = psycopg.RawCursor(connection.connection)
-        try:
-            with connection.wrap_database_errors:
-                _execute_planned_once(raw, numbered(sql), params)
-                rows = raw.fetchall()
-                names = tuple(column.name for column in raw.description or ())
-        finally:
-            raw.close()
+        rows, names = _rows_numbered(connection, sql, params)
     else:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
@@ -392,14 +385,22 @@ def _fetch_numbered(
         cursor.execute(sql, params)
         row = cursor.fetchone()
         return tuple(row) if row is not None else None
+    rows, _ = _rows_numbered(connection, sql, params)
+    return tuple(rows[0]) if rows else None
+
+
+def _rows_numbered(connection: Any, sql: str, params: Any) -> tuple[list[Any], tuple[str, ...]]:
+    """The rows of `sql` (`%s` placeholders, sent numbered through psycopg's RawCursor and
+    planned once per connection) and the names of its columns, on a connection that is open."""
     raw = psycopg.RawCursor(connection.connection)
     try:
         with connection.wrap_database_errors:
             _execute_planned_once(raw, numbered(sql), params)
-            row = raw.fetchone()
+            rows = raw.fetchall()
+            names = tuple(column.name for column in raw.description or ())
     finally:
         raw.close()
-    return tuple(row) if row is not None else None
+    return rows, names
 
 
 # The hot statements' plan, made once per connection (see `_execute_planned_once`).
