@@ -332,6 +332,10 @@ RUNS_SHUTDOWN_GRACE_SECONDS = env_float("RUNS_SHUTDOWN_GRACE_SECONDS", 10.0)
 RUNS_NOTIFY = env_bool("RUNS_NOTIFY", True)  # pg_notify wake-ups; off = poll only (tests)
 RUNS_EMBEDDED_WORKER = env_bool("RUNS_EMBEDDED_WORKER", False)
 RUNS_API_AUTH = env_bool("RUNS_API_AUTH", True)
+# Seconds a web process answers for an API key it found active without reading it again (0:
+# read on every request). A key revoked or deleted in that process is refused at once; one
+# revoked by another process, at most this much later (docs/api.md).
+RUNS_API_KEY_CACHE_SECONDS = env_float("RUNS_API_KEY_CACHE_SECONDS", 1.0)
 # Threads per web process serving the API's synchronous views (each holds one pooled database
 # connection while it serves a request).
 RUNS_API_THREADS = env_int("RUNS_API_THREADS", 8, minimum=1)

@@ -67,6 +67,59 @@ def test_it_answers_401_for_a_wrong_or_revoked_key(api: Client, admin_key: str) 
     assert call(api, "post", "/threads/search", admin_key, {}).status_code == 401
 
 
+def test_a_key_revoked_here_is_refused_at_once_though_just_used(
+    api: Client, admin_key: str
+) -> None:
+    assert call(api, "post", "/threads/search", admin_key, {}).status_code == 200
+    services.api_key_revoke(key=ApiKey.objects.get(name="ops"))
+    assert call(api, "post", "/threads/search", admin_key, {}).status_code == 401
+
+
+def _key_reads(api: Client, key: str) -> int:
+    """How many statements reading API keys one request made."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        assert call(api, "post", "/threads/search", key, {}).status_code == 200
+    return sum(q["sql"].startswith("SELECT") and '"runs_apikey"' in q["sql"] for q in queries)
+
+
+def test_a_key_just_read_is_not_read_again_for_a_while(api: Client, admin_key: str) -> None:
+    assert _key_reads(api, admin_key) == 1
+    assert _key_reads(api, admin_key) == 0
+
+
+def test_a_key_revoked_by_another_process_is_refused_once_the_read_is_that_old(
+    api: Client, admin_key: str, settings: Any
+) -> None:
+    """Another process revokes without this one knowing (here: the row changed without the
+    model's signals): a key read less than RUNS_API_KEY_CACHE_SECONDS ago is still answered
+    for, then read again and refused."""
+    import time
+
+    from django.utils import timezone
+
+    settings.RUNS_API_KEY_CACHE_SECONDS = 0.3
+    assert call(api, "post", "/threads/search", admin_key, {}).status_code == 200
+    ApiKey.objects.filter(name="ops").update(revoked_at=timezone.now())
+    assert call(api, "post", "/threads/search", admin_key, {}).status_code == 200
+    time.sleep(0.35)
+    assert call(api, "post", "/threads/search", admin_key, {}).status_code == 401
+
+
+def test_with_no_time_to_keep_keys_each_request_reads_its_key(
+    api: Client, admin_key: str, settings: Any
+) -> None:
+    from django.utils import timezone
+
+    settings.RUNS_API_KEY_CACHE_SECONDS = 0
+    assert _key_reads(api, admin_key) == 1
+    assert _key_reads(api, admin_key) == 1
+    ApiKey.objects.filter(name="ops").update(revoked_at=timezone.now())
+    assert call(api, "post", "/threads/search", admin_key, {}).status_code == 401
+
+
 def test_it_accepts_a_valid_key_and_records_its_use(api: Client, admin_key: str) -> None:
     r = call(api, "post", "/threads/search", admin_key, {})
     assert r.status_code == 200
