@@ -121,11 +121,13 @@ async def test_requests_in_parallel_are_served_side_by_side(key) -> None:
 
 
 async def test_an_asynchronous_view_runs_its_sync_parts_on_the_pool(
-    key, drain, monkeypatch
+    key, drain, monkeypatch, settings
 ) -> None:
     """A /wait: request_started, the request and its API-key check in one hop to the handler's
     pool, the view on the event loop, request_finished on the pool; no thread of its own."""
     from runs import selectors
+
+    settings.RUNS_API_KEY_CACHE_SECONDS = 0  # the key is read by every request
 
     seen: list[tuple[str, str]] = []
 
@@ -265,12 +267,16 @@ def test_no_api_path_mixes_sync_and_async_operations() -> None:
     assert async_paths >= 6  # wait, stream and join, stateless and on a thread
 
 
-async def test_a_lost_database_during_an_async_views_key_check_is_a_503(key, monkeypatch) -> None:
+async def test_a_lost_database_during_an_async_views_key_check_is_a_503(
+    key, monkeypatch, settings
+) -> None:
     """The key check made ahead (in the request's first hop) fails: the view's own auth makes it
     again inside the middleware chain, which answers 503, not a 500 from the server."""
     from django.db import OperationalError
 
     from runs import selectors
+
+    settings.RUNS_API_KEY_CACHE_SECONDS = 0  # the key is read by every request
 
     async with client(key) as api:
         thread_id = (await api.post("/api/threads", json={})).json()["thread_id"]
