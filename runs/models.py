@@ -176,6 +176,9 @@ class Run(models.Model):
     fresh: bool
     base_checkpoint_id: UUID | None
     base_values: dict[str, Any] | None
+    resumed_from: tuple[Checkpoint | None, list[ToolCall]]
+    # services.core._lock_newest_suspended_run(waiting=True): the calls it locked and read.
+    waiting_calls: list[ToolCall]
     # selectors.with_queue_holders sets it on the runs a page shows: the run it waits behind.
     behind_run_id: UUID | None
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import cache, lru_cache
 from typing import Any, TypeVar
 
@@ -183,6 +184,28 @@ def instances(  # noqa: UP047
         for index, name in mapping.extras:
             setattr(instance, name, values[index])
         found.append(instance)
+    return found
+
+
+def instances_from_json(model: type[M], objects: Sequence[dict[str, Any]] | None) -> list[M]:  # noqa: UP047
+    """The model's instances for rows PostgreSQL handed over as JSON objects (`to_jsonb(row)`,
+    say in a `jsonb_agg` that lets one statement return another table's rows beside its own):
+    each column's value made what the ORM gives by its field's `to_python` (timestamps, in
+    UTC, and UUIDs from their text; JSON columns as they are)."""
+    alias = router.db_for_read(model)
+    fields = model._meta.concrete_fields
+    attnames = [f.attname for f in fields]
+    found = []
+    for obj in objects or ():
+        values = []
+        for field in fields:
+            value = obj[_column(model._meta, field.name)[1]]
+            if value is not None:
+                value = field.to_python(value)
+                if isinstance(value, datetime):
+                    value = value.astimezone(UTC)
+            values.append(value)
+        found.append(model.from_db(alias, attnames, values))
     return found
 
 

@@ -158,6 +158,59 @@ def test_the_approved_refund_runs_and_finishes(drain, writes, reviewer) -> None:
     assert seqs == list(range(1, run.last_seq + 1))
 
 
+def test_a_resumed_run_is_claimed_with_its_checkpoint_and_calls(drain, reviewer) -> None:
+    """On PostgreSQL the claim of a run started before hands over what it continues from, as
+    the ORM reads it (every column, converted alike), so its worker reads neither again."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the claim reads them on PostgreSQL only")
+    run = services.run_create(
+        agent_id="refund", thread_id=None, input={"order_id": "A3", "amount": 5}, actor="t"
+    )
+    drain()
+    services.tool_call_approve(run=Run.objects.get(id=run.id), actor=reviewer)
+    [claimed] = services.run_claim(owner="w", limit=1)
+    checkpoint, calls = claimed.run.resumed_from
+    latest = Checkpoint.objects.filter(run_id=run.id).order_by("-step").first()
+    assert latest is not None and checkpoint is not None
+    fields = [f.attname for f in Checkpoint._meta.concrete_fields]
+    assert [getattr(checkpoint, f) for f in fields] == [getattr(latest, f) for f in fields]
+    stored = {tc.tool_call_id: tc for tc in ToolCall.objects.filter(run_id=run.id)}
+    assert len(calls) == len(stored) == 2
+    fields = [f.attname for f in ToolCall._meta.concrete_fields]
+    for tc in calls:
+        assert [getattr(tc, f) for f in fields] == [
+            getattr(stored[tc.tool_call_id], f) for f in fields
+        ]
+        assert not tc._state.adding
+    # A fresh run is handed the thread's state instead, and nothing of its own.
+    services.run_release(lease=claimed.lease)
+    fresh = services.run_create(
+        agent_id="refund", thread_id=None, input={"order_id": "A7", "amount": 5}, actor="t"
+    )
+    claims = services.run_claim(owner="w", limit=5)
+    [first] = [c for c in claims if c.run.id == fresh.id]
+    assert first.run.fresh and "resumed_from" not in first.run.__dict__
+
+
+def test_a_resumed_run_reads_nothing_more_before_its_tool(drain, reviewer, monkeypatch) -> None:
+    run = services.run_create(
+        agent_id="refund", thread_id=None, input={"order_id": "A6", "amount": 5}, actor="t"
+    )
+    drain()
+    services.tool_call_approve(run=Run.objects.get(id=run.id), actor=reviewer)
+    with CaptureQueriesContext(connection) as captured:
+        drain()
+    assert Run.objects.get(id=run.id).status == RunStatus.SUCCESS
+    reads = [
+        q["sql"]
+        for q in captured.captured_queries
+        if "FROM runs_checkpoint WHERE run_id" in q["sql"]
+        or "FROM runs_toolcall WHERE run_id" in q["sql"]
+    ]
+    # PostgreSQL: the claim brought both; SQLite reads them after its claim.
+    assert len(reads) == (0 if connection.vendor == "postgresql" else 2)
+
+
 def test_an_approved_call_is_marked_running_in_one_statement(drain, reviewer, monkeypatch) -> None:
     run = services.run_create(
         agent_id="refund", thread_id=None, input={"order_id": "A4", "amount": 5}, actor="t"

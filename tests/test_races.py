@@ -262,3 +262,84 @@ def test_a_cancel_waiting_for_a_run_queued_on_its_thread_leaves_the_thread_busy(
     assert other.committed_before()
     assert Run.objects.get(id=run.id).status == RunStatus.INTERRUPTED
     assert Thread.objects.get(id=thread.id).status == "busy"
+
+
+def _two_waiting_calls(drain, register_agent) -> Run:
+    """A run on a thread suspended on two approvals of one step."""
+    from runs.agents.refund import issue_refund
+    from runs.engine import Agent, FinalAnswer, ScriptedModel, ToolCalls
+    from runs.engine.model import ProposedCall
+
+    def script(state: Any) -> Any:
+        if not state.results:
+            return ToolCalls(
+                [
+                    ProposedCall("issue_refund", {"order_id": "T-1", "amount": 1}),
+                    ProposedCall("issue_refund", {"order_id": "T-2", "amount": 2}),
+                ]
+            )
+        return FinalAnswer(output={"done": len(state.results)})
+
+    register_agent(Agent(id="twin_race", tools=[issue_refund], model=ScriptedModel(script)))
+    thread = services.thread_create(metadata={})
+    run = services.run_create(agent_id="twin_race", thread_id=thread.id, input=None, actor="t")
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUSPENDED and run.tool_calls.count() == 2
+    return run
+
+
+def test_a_resume_waiting_for_another_decision_decides_only_what_still_waits(
+    drain, register_agent, reviewer
+) -> None:
+    """A resume locks the run and reads its waiting calls in one statement, whose snapshot is
+    older than its locks: a reviewer's decision on one of two calls, committed while the resume
+    waited, must leave the resume with the one call still waiting (a bare value decides it),
+    not with both (it would ask for a map of both)."""
+    run = _two_waiting_calls(drain, register_agent)
+    first, second = run.tool_calls.order_by("created_at", "id")
+    other = _Holding(
+        lambda: services.tool_call_approve(
+            run=Run.objects.get(id=run.id), actor=reviewer, tool_call_id=first.tool_call_id
+        )
+    )
+    services.thread_resume(thread_id=run.thread_id, resume={"approved": True}, actor="t")
+    assert other.committed_before()
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.decided_by == reviewer.username and second.decided_by == "t"
+    assert {first.status, second.status} == {ToolCallStatus.APPROVED}
+    assert Run.objects.get(id=run.id).status == RunStatus.PENDING
+
+
+def test_a_resume_reads_the_calls_a_transaction_added_while_it_waited(
+    drain, register_agent
+) -> None:
+    """The same for calls the statement's snapshot cannot see at all: added (with the run's row
+    changed, as every writer of a run's calls changes it) by a transaction that held the run's
+    lock while the resume waited. The resume must see three calls waiting, and ask for a map."""
+    run = _two_waiting_calls(drain, register_agent)
+    first = run.tool_calls.order_by("created_at", "id").first()
+    assert first is not None
+
+    def add_a_call() -> None:
+        from runs.services.core import _lock_run
+
+        _lock_run(run.id)
+        ToolCall.objects.create(
+            run_id=run.id,
+            tool_call_id="call_added",
+            step=first.step,
+            tool_name="issue_refund",
+            args={"order_id": "T-3", "amount": 3},
+            requires_approval=True,
+            status=ToolCallStatus.AWAITING_APPROVAL,
+        )
+        Run.objects.filter(id=run.id).update(last_seq=run.last_seq + 1)
+
+    other = _Holding(add_a_call)
+    with pytest.raises(Conflict) as refused:
+        services.thread_resume(thread_id=run.thread_id, resume={"approved": True}, actor="t")
+    assert other.committed_before()
+    assert refused.value.code == "tool_call_required"
+    assert len(refused.value.extra["pending_tool_call_ids"]) == 3

@@ -125,10 +125,16 @@ class StepLoop:
         if not (getattr(self.run, "fresh", False) and self.run.parent_run_id is None):
             # Started before (a retry, a resume, a sub-agent taken over): continue from its
             # latest checkpoint and reuse every tool result it recorded.
-            run_id = Run._meta.pk.get_db_prep_value(self.run.id, connection)
-            found = instances(Checkpoint, _LATEST_OF_RUN_SQL, [run_id])
-            row = found[0] if found else None
-            calls = {tc.tool_call_id: tc for tc in instances(ToolCall, _CALLS_OF_RUN_SQL, [run_id])}
+            resumed_from = self.run.__dict__.get("resumed_from")  # read by the claim
+            if resumed_from is None:
+                run_id = Run._meta.pk.get_db_prep_value(self.run.id, connection)
+                found = instances(Checkpoint, _LATEST_OF_RUN_SQL, [run_id])
+                resumed_from = (
+                    found[0] if found else None,
+                    instances(ToolCall, _CALLS_OF_RUN_SQL, [run_id]),
+                )
+            row, own_calls = resumed_from
+            calls = {tc.tool_call_id: tc for tc in own_calls}
             if row is not None:
                 checkpoint = services.StepWrite(
                     row.id, row.step, row.values, list(row.pending), row.parent_id

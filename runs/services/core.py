@@ -37,6 +37,7 @@ from runs.engine import wakeup
 from runs.exceptions import LeaseLost, NotFound, RunCancelled, ValidationFailed
 from runs.models import (
     ACTIVE_STATUSES,
+    PENDING_DECISION_STATUSES,
     TERMINAL_STATUSES,
     AuditEntry,
     Checkpoint,
@@ -45,8 +46,9 @@ from runs.models import (
     RunStatus,
     Thread,
     ThreadStatus,
+    ToolCall,
 )
-from runs.rows import insert, instances
+from runs.rows import insert, instances, instances_from_json
 
 logger = logging.getLogger("runs")
 
@@ -331,12 +333,23 @@ def _lock_runs(run_ids: Sequence[UUID]) -> list[Run]:
 
 
 def _lock_newest_suspended_run(
-    thread_id: UUID, *, lock_thread: bool = False, pinned_resource_id: str | None = None
+    thread_id: UUID,
+    *,
+    lock_thread: bool = False,
+    pinned_resource_id: str | None = None,
+    waiting: bool = False,
 ) -> Run | None:
     """Lock and read (as `_lock_run`) the thread's newest suspended top-level run, if any, in
     one statement. The caller holds the thread's lock, or `lock_thread` takes it first: in the
     same statement on PostgreSQL (as `_LOCK_THREAD_THEN_RUN_SQL` does), the thread matched in
-    `pinned_resource_id`'s scope, so a thread missing or out of scope reads no run either."""
+    `pinned_resource_id`'s scope, so a thread missing or out of scope reads no run either.
+
+    `waiting` (with `lock_thread`, PostgreSQL): the same statement also locks and reads the
+    run's calls waiting for a human, in their order (`created_at`, `id`), and leaves them on
+    the run as `waiting_calls`, unless a transaction changed the run while the statement
+    waited for its locks (see `_CANCEL_AT_ONCE_HEAD`: the statement's snapshot is older than
+    its locks; a change to the run's calls changes the run too): then the caller reads them
+    after the lock, as without `waiting`."""
     where = f"r.thread_id = %s AND r.status = '{RunStatus.SUSPENDED}' AND r.parent_run_id IS NULL"
     params: list[Any] = [_uuid_param(thread_id)]
     scoped = pinned_resource_id is not None
@@ -360,8 +373,34 @@ def _lock_newest_suspended_run(
     sql += " ORDER BY r.suspended_at DESC, r.id DESC LIMIT 1"
     if _is_postgres():
         sql += " FOR NO KEY UPDATE OF r"
-    found = _with_flags(instances(Run, sql, params))
+    if waiting and lock_thread and _is_postgres():
+        found = _with_flags(instances(Run, _with_waiting_calls(sql, len(head)), params))
+        if found:
+            calls = found[0].__dict__.pop("waiting_calls")
+            if calls is not None:
+                found[0].waiting_calls = instances_from_json(
+                    ToolCall, json.loads(calls) if isinstance(calls, str) else calls
+                )
+    else:
+        found = _with_flags(instances(Run, sql, params))
     return found[0] if found else None
+
+
+def _with_waiting_calls(sql: str, head_length: int) -> str:
+    """`_lock_newest_suspended_run`'s statement (its `WITH t` head `head_length` long) with
+    the run's waiting calls locked and read as JSON in the same statement, when the run's row
+    as locked is the one the statement's snapshot sees (`waiting_calls` NULL otherwise)."""
+    head, select = sql[:head_length], sql[head_length:]
+    select = select.replace("SELECT r.*,", "SELECT r.*, r.xmin AS row_version,", 1)
+    same = "s.row_version = (SELECT v.xmin FROM runs_run v WHERE v.id = s.id)"
+    return (
+        f"{head.rstrip()}, s AS MATERIALIZED ({select}),"
+        " w AS MATERIALIZED (SELECT tc.* FROM runs_toolcall tc, s"
+        f" WHERE tc.run_id = s.id AND tc.status IN {_sql_in(PENDING_DECISION_STATUSES)}"
+        f" AND {same} FOR NO KEY UPDATE OF tc)"
+        f" SELECT s.*, CASE WHEN {same} THEN (SELECT COALESCE(jsonb_agg(to_jsonb(w)"
+        " ORDER BY w.created_at, w.id), '[]') FROM w) END AS waiting_calls FROM s"
+    )
 
 
 def _lock_run(

@@ -58,7 +58,11 @@ _WAITING_SQL = (
 
 
 def _waiting_calls(run: Run) -> list[ToolCall]:
-    """The run's calls waiting for a human, locked (caller holds the run's lock)."""
+    """The run's calls waiting for a human, locked (caller holds the run's lock): those its
+    locking statement read, when it did (`_lock_newest_suspended_run(waiting=True)`)."""
+    read: list[ToolCall] | None = run.__dict__.pop("waiting_calls", None)
+    if read is not None:
+        return read
     lock = " FOR NO KEY UPDATE" if connection.vendor == "postgresql" else ""
     return instances(ToolCall, _WAITING_SQL + lock, [_uuid_param(run.id)])
 
@@ -220,7 +224,7 @@ def thread_resume(
     """
     with transaction.atomic():
         run = _lock_newest_suspended_run(
-            thread_id, lock_thread=True, pinned_resource_id=pinned_resource_id
+            thread_id, lock_thread=True, pinned_resource_id=pinned_resource_id, waiting=True
         )
         if run is None:
             _thread_in_scope(thread_id, pinned_resource_id)

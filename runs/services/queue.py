@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
@@ -16,12 +17,14 @@ from runs.contracts import ClaimedRun, Lease
 from runs.models import (
     ACTIVE_STATUSES,
     CancelAction,
+    Checkpoint,
     Run,
     RunEvent,
     RunStatus,
     Thread,
+    ToolCall,
 )
-from runs.rows import instances
+from runs.rows import instances, instances_from_json
 from runs.services.cancel import _apply_cancel
 from runs.services.core import (
     LEASE_CLEARED,
@@ -79,17 +82,27 @@ WITH candidate AS (
            jsonb_build_object('attempt', attempt, 'worker', %(owner)s::text), '', %(now)s
       FROM claimed
 )
-SELECT claimed.*, base.id AS base_checkpoint_id, base.values AS base_values
+SELECT claimed.*, base.id AS base_checkpoint_id, base.values AS base_values,
+       own.checkpoint AS own_checkpoint, own_calls.calls AS own_calls
   FROM claimed
   LEFT JOIN LATERAL (
         SELECT c.id, c.values FROM runs_checkpoint c
          WHERE c.thread_id = claimed.thread_id
          ORDER BY c.created_at DESC, c.id DESC LIMIT 1) base ON claimed.fresh
+  LEFT JOIN LATERAL (
+        SELECT to_jsonb(c) AS checkpoint FROM runs_checkpoint c
+         WHERE c.run_id = claimed.id
+         ORDER BY c.step DESC LIMIT 1) own ON NOT claimed.fresh
+  LEFT JOIN LATERAL (
+        SELECT COALESCE(jsonb_agg(to_jsonb(tc)), '[]') AS calls FROM runs_toolcall tc
+         WHERE tc.run_id = claimed.id) own_calls ON NOT claimed.fresh
 """
 # Twin: _claim_sqlite below (the same rules; SQLite has no SKIP LOCKED). One statement, one
 # round trip: pick (the CTE is an optimisation fence: with `WHERE id IN (subquery … LIMIT)` the
 # planner may re-run the subquery per row and lock more rows than LIMIT, as Oban's engine
-# notes), claim, write the `started` events, and fetch the thread state a fresh run starts from.
+# notes), claim, write the `started` events, and fetch what the run continues from: the
+# thread's state for a fresh run; for one started before (a resume, a retry) its own latest
+# checkpoint and its tool calls, which its worker read in two more round trips otherwise.
 
 # Whether the claim above can find anything: a read of the queue's partial index. An empty claim
 # still costs PostgreSQL ~1.1 ms (the UPDATE's executor opens all of runs_run's and runs_runevent's
@@ -108,7 +121,9 @@ def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
     """Claim up to `limit` runnable runs: oldest pending whose thread has no running run.
 
     Each claimed Run carries `fresh` (never started before: no checkpoint of its own) and, on
-    PostgreSQL, `base_checkpoint_id`/`base_values` (the thread state it starts from).
+    PostgreSQL, `base_checkpoint_id`/`base_values` (the thread state a fresh run starts from)
+    or `resumed_from` (what one started before continues from: its latest checkpoint, None
+    without one, and its tool calls).
     """
     now = _now()
     expires = now + timedelta(seconds=settings.RUNS_LEASE_SECONDS)
@@ -125,8 +140,7 @@ def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
                     return []
                 runs = instances(Run, _CLAIM_SQL_POSTGRES, params)
                 for run in runs:
-                    if isinstance(run.base_values, str):
-                        run.base_values = json.loads(run.base_values)
+                    _decode_claimed(run)
             else:
                 with transaction.atomic():
                     runs = _claim_sqlite(
@@ -164,6 +178,22 @@ def run_claim(*, owner: str, limit: int = 1) -> list[ClaimedRun]:
         metrics.CLAIMS.inc(len(claimed))
         return claimed
     return []
+
+
+def _decode_claimed(run: Run) -> None:
+    """The claim's extra columns (JSON, as psycopg hands it over) as `Run` declares them."""
+    if isinstance(run.base_values, str):
+        run.base_values = json.loads(run.base_values)
+    own: Any = run.__dict__.pop("own_checkpoint", None)
+    calls: Any = run.__dict__.pop("own_calls", None)
+    if run.fresh:
+        return
+    if isinstance(own, str):
+        own = json.loads(own)
+    if isinstance(calls, str):
+        calls = json.loads(calls)
+    found = instances_from_json(Checkpoint, [own] if own is not None else [])
+    run.resumed_from = (found[0] if found else None, instances_from_json(ToolCall, calls))
 
 
 def _claimable(now: datetime) -> bool:
