@@ -8,16 +8,16 @@ cannot act on. Here a synchronous view's whole request (signals, middleware, vie
 one call on the pool; the event loop only reads the body and writes the answer.
 
 An asynchronous view (wait, join, stream) runs on the event loop as under Django, with the same
-disconnect handling, but its synchronous parts go to the pool: `request_started`, the request's
-creation and its API-key check in one hop (the key check is the one ninja's auth would make in a
-hop of its own), the view's database calls (`runs/api/streaming.db`), and the close with
-`request_finished`. Django would start a thread for the request and hop to it for each.
+disconnect handling. `request_started` and the request's creation stay on the loop, with its
+API-key check when the process knows the key (`_begin`); its synchronous parts go to the pool:
+the key's read otherwise (ninja's auth), the view's database calls (`runs/api/streaming.db`), and
+the close with `request_finished`. Django would start a thread for the request and hop to it for
+each.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
@@ -29,7 +29,6 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
-from django.db import DatabaseError, connection
 from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_prefix
 
 from runs.api import streaming
@@ -119,7 +118,7 @@ class ApiHandler(ASGIHandler):
         """Django's `ASGIHandler.handle` for an async view, its sync parts on the pool."""
         pool = streaming.API_EXECUTOR.set(self._pool)
         try:
-            request, response = await self._in_pool(self._begin, scope, body_file)
+            request, response = self._begin(scope, body_file)
             if request is None:
                 await self.send_response(response, send)
                 await self._in_pool(response.close)
@@ -150,19 +149,18 @@ class ApiHandler(ASGIHandler):
             streaming.API_EXECUTOR.reset(pool)
 
     def _begin(self, scope: Any, body_file: Any) -> tuple[Any, Any]:
-        """`request_started`, the request, and its caller (API key), in one hop."""
+        """`request_started`, the request, and its caller when this process knows it without
+        the database (`resolve_from_memory`: no key, or a key it read in the last second), on
+        the event loop, as Django's handler creates an async view's request: a hop to a
+        thread and back costs ~0.5-1 ms on an idle machine, more than the rest. The signal's
+        receivers (Django's: the queries log, connections past their age) find no connection
+        here: the view's database calls take theirs on the pool and hand them back
+        (`streaming.db`). A key this process must read is checked by the view's auth instead,
+        on the pool, inside the middleware chain (where a lost database is answered 503)."""
         signals.request_started.send(sender=self.__class__, scope=scope)
         request, response = self.create_request(scope, body_file)
         if request is not None:
-            try:
-                api_key_auth.resolve_ahead(request)
-            except Exception:
-                # ... inside the middleware chain, where a lost database is answered 503.
-                logger.debug("api key check deferred to the view's auth", exc_info=True)
-            finally:
-                if not connection.in_atomic_block:
-                    with contextlib.suppress(DatabaseError):
-                        connection.close()  # back to the pool: the view runs on other threads
+            api_key_auth.resolve_from_memory(request)
         return request, response
 
     def _is_sync_view(self, scope: dict[str, Any]) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -120,14 +121,18 @@ async def test_requests_in_parallel_are_served_side_by_side(key) -> None:
     assert len({r.json()["thread_id"] for r in responses}) == 12
 
 
+@pytest.mark.parametrize("key_kept", [False, True])
 async def test_an_asynchronous_view_runs_its_sync_parts_on_the_pool(
-    key, drain, monkeypatch, settings
+    key, drain, monkeypatch, settings, key_kept
 ) -> None:
-    """A /wait: request_started, the request and its API-key check in one hop to the handler's
-    pool, the view on the event loop, request_finished on the pool; no thread of its own."""
+    """A /wait: request_started and the request on the event loop, as the view; the API key's
+    read, when the process does not hold the key, and request_finished on the handler's pool;
+    no thread of its own. A key the process read a moment ago is not read again, and nothing
+    hops to a thread before the view."""
     from runs import selectors
 
-    settings.RUNS_API_KEY_CACHE_SECONDS = 0  # the key is read by every request
+    # 0: the key is read by every request.
+    settings.RUNS_API_KEY_CACHE_SECONDS = 60 if key_kept else 0
 
     seen: list[tuple[str, str]] = []
 
@@ -170,9 +175,45 @@ async def test_an_asynchronous_view_runs_its_sync_parts_on_the_pool(
             request_finished.disconnect(finished)
     assert response.status_code == 200
     assert json.loads(response.content)["output"] == {"echo": {"n": 1}}
-    assert [what for what, _ in seen] == ["started", "key", "finished"]
-    assert seen[0][1] == seen[1][1]  # the key was checked in the hop that created the request
-    assert all(name.startswith("api") for _, name in seen), seen
+    on_pool = [name.startswith("api") for _, name in seen]
+    if key_kept:  # read by the POST /api/threads before
+        assert [what for what, _ in seen] == ["started", "finished"]
+        assert on_pool == [False, True], seen
+    else:
+        assert [what for what, _ in seen] == ["started", "key", "finished"]
+        assert on_pool == [False, True, True], seen
+
+
+async def test_an_asynchronous_view_records_a_kept_keys_use_when_it_is_due(key, settings) -> None:
+    """A key this process holds is answered for from memory on the event loop, except when its
+    use is due to be recorded (a minute since the last record): then the view's auth records
+    it, as every sync view does."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs.api import auth
+    from runs.models import ApiKey
+
+    settings.RUNS_API_KEY_CACHE_SECONDS = 60
+    unknown = f"/api/threads/{uuid.uuid4()}/runs/{uuid.uuid4()}/join"
+    async with client(key) as api:
+        assert (await api.post("/api/threads", json={})).status_code == 200  # read and kept
+        kept = auth._recent_keys.get(ApiKey.hash_key(key))
+        assert kept is not None
+        long_ago = timezone.now() - timedelta(minutes=5)
+        kept.last_used_at = long_ago
+        await sync_to_async(
+            lambda: ApiKey.objects.filter(id=kept.id).update(last_used_at=long_ago)
+        )()
+        assert (await api.get(unknown)).status_code == 404
+        recorded = await sync_to_async(lambda: ApiKey.objects.get(id=kept.id).last_used_at)()
+        assert recorded is not None and recorded > long_ago
+        # Recorded just now: the next request is answered for from memory, nothing written.
+        assert (await api.get(unknown)).status_code == 404
+        assert await sync_to_async(lambda: ApiKey.objects.get(id=kept.id).last_used_at)() == (
+            recorded
+        )
 
 
 async def test_an_asynchronous_view_refuses_a_wrong_key(key) -> None:
@@ -270,8 +311,8 @@ def test_no_api_path_mixes_sync_and_async_operations() -> None:
 async def test_a_lost_database_during_an_async_views_key_check_is_a_503(
     key, monkeypatch, settings
 ) -> None:
-    """The key check made ahead (in the request's first hop) fails: the view's own auth makes it
-    again inside the middleware chain, which answers 503, not a 500 from the server."""
+    """The key's read (by the view's auth, on the pool: the process does not hold the key)
+    fails inside the middleware chain, which answers 503, not a 500 from the server."""
     from django.db import OperationalError
 
     from runs import selectors

@@ -29,8 +29,8 @@ class Caller:
 ANONYMOUS = Caller(actor="api:anonymous")
 
 
-# Where the API handler (runsite/handlers.py) leaves an async view's caller, found in the hop
-# that created the request, so that ninja's auth need not hop to a thread for it.
+# Where the API handler (runsite/handlers.py) leaves an async view's caller, found from memory
+# as it created the request, so that ninja's auth need not hop to a thread for it.
 _AHEAD = "_runsite_caller"
 
 
@@ -48,7 +48,7 @@ class ApiKeyAuth(APIKeyHeader):
 
         On a thread (a sync view): looked up here. On the event loop (an async view): a
         coroutine, which ninja awaits, giving the caller found when the request was created
-        (`resolve_ahead`), else looking it up on a thread."""
+        (`resolve_from_memory`), else looking it up on a thread."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -64,9 +64,20 @@ class ApiKeyAuth(APIKeyHeader):
         caller: Caller | None = await db(super().__call__, request)
         return caller
 
-    def resolve_ahead(self, request: HttpRequest) -> None:
-        """Find the caller now (on a thread), for the async view's auth to use."""
-        request.__dict__[_AHEAD] = super().__call__(request)
+    def resolve_from_memory(self, request: HttpRequest) -> bool:
+        """Find the caller now, on the event loop, for the async view's auth to use, when it
+        is known without the database: no key, or a key this process holds (`_RecentKeys`)
+        whose use need not be recorded now (`services.api_key_touch_due`). False (nothing set)
+        otherwise: the view's auth reads the key on a thread."""
+        raw = (self._get_key(request) or "").strip()
+        if not raw:
+            request.__dict__[_AHEAD] = None if settings.RUNS_API_AUTH else ANONYMOUS
+            return True
+        api_key = _recent_keys.get(ApiKey.hash_key(raw))
+        if api_key is None or services.api_key_touch_due(key=api_key):
+            return False
+        request.__dict__[_AHEAD] = _caller_of_key(api_key)
+        return True
 
     def authenticate(self, request: HttpRequest, key: str | None) -> Caller | None:
         raw = key.strip() if key else ""
@@ -80,11 +91,13 @@ class ApiKeyAuth(APIKeyHeader):
             # set in the environment) must not lock the caller out.
             return None if settings.RUNS_API_AUTH else ANONYMOUS
         services.api_key_touch(key=api_key)
-        return Caller(
-            actor=f"api:{api_key.name}",
-            pinned_resource_id=api_key.resource_id,
-            key_id=api_key.id,
-        )
+        return _caller_of_key(api_key)
+
+
+def _caller_of_key(api_key: ApiKey) -> Caller:
+    return Caller(
+        actor=f"api:{api_key.name}", pinned_resource_id=api_key.resource_id, key_id=api_key.id
+    )
 
 
 class _RecentKeys:

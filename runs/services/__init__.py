@@ -34,6 +34,7 @@ from runs.services.access import (
     api_key_create,
     api_key_revoke,
     api_key_touch,
+    api_key_touch_due,
     groups_ensure,
 )
 from runs.services.agent_inbox import tool_call_inbox_decide
@@ -125,6 +126,7 @@ __all__ = [
     "api_key_create",
     "api_key_revoke",
     "api_key_touch",
+    "api_key_touch_due",
     "audit_prune",
     "deliveries_claim",
     "delivery_record",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from runs.exceptions import ValidationFailed
 from runs.models import (
@@ -38,9 +38,16 @@ def api_key_revoke(*, key: ApiKey) -> ApiKey:
 def api_key_touch(*, key: ApiKey) -> None:
     """Record use, at most once a minute (a write per request would serialise on the row)."""
     now = _now()
-    if key.last_used_at is None or now - key.last_used_at > timedelta(minutes=1):
+    if api_key_touch_due(key=key, now=now):
         ApiKey.objects.filter(id=key.id).update(last_used_at=now)
         key.last_used_at = now
+
+
+def api_key_touch_due(*, key: ApiKey, now: datetime | None = None) -> bool:
+    """Whether `api_key_touch` would write (a caller without a database connection at hand
+    asks first)."""
+    now = now or _now()
+    return key.last_used_at is None or now - key.last_used_at > timedelta(minutes=1)
 
 
 GROUP_PERMISSIONS = {"Reviewers": ["review_run"], "Support": ["cancel_run"]}
