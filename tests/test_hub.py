@@ -181,3 +181,88 @@ def test_a_batch_keeps_each_runs_newest_change_and_a_deletion_wins() -> None:
     assert single["type"] == "run.changed" and live.changes_in(single) == [single]
     batch = live.batch_message(kept)
     assert [m["run_id"] for m in live.changes_in(batch)] == [a, b]
+
+
+def _publish_on_a_thread(change_: live.RunChange) -> str:
+    """`live.publish` as a worker's run thread calls it after its commit (no server loop in
+    this process); returns the thread's name."""
+
+    def publish() -> None:
+        with live.sending_thread():
+            live.publish(change_)
+
+    done = threading.Thread(target=publish, name="runsite-run-test")
+    done.start()
+    done.join(10)
+    return done.name
+
+
+@pytest.mark.postgres
+async def test_a_worker_thread_sends_its_change_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over Redis, a thread without the server's loop (a worker's run, after its commit) sends
+    its change on its own loop instead of waking the publisher's thread for it."""
+    layer = get_channel_layer()
+    if isinstance(layer, live.InMemoryChannelLayer):
+        pytest.skip("the in-memory layer is bound to one loop: the publisher's")
+    monkeypatch.setattr(live, "_server_loop", None)
+    monkeypatch.setattr(live, "_inline_off_until", 0.0)
+    handed: list[live.RunChange] = []
+    monkeypatch.setattr(live._publisher, "submit", handed.append)
+    senders: list[str] = []
+    real_send = live._send
+
+    async def noting(changes: list[live.RunChange]) -> bool:
+        senders.append(threading.current_thread().name)
+        return await real_send(changes)
+
+    monkeypatch.setattr(live, "_send", noting)
+    run_id = str(uuid.uuid4())
+    async with hub().watch(run_id) as woken:
+        name = await asyncio.to_thread(_publish_on_a_thread, change(run_id))
+        await asyncio.wait_for(woken.event.wait(), timeout=2)
+    assert senders == [name] and handed == []
+
+
+@pytest.mark.postgres
+async def test_a_send_that_hangs_hands_changes_to_the_publisher_for_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis unreachable: the committing thread gives up on its send after INLINE_TIMEOUT and
+    hands the changes after it to the publisher's thread, so no run waits on Redis twice."""
+    layer = get_channel_layer()
+    if isinstance(layer, live.InMemoryChannelLayer):
+        pytest.skip("the in-memory layer is bound to one loop: the publisher's")
+    monkeypatch.setattr(live, "_server_loop", None)
+    monkeypatch.setattr(live, "_inline_off_until", 0.0)
+    monkeypatch.setattr(live, "INLINE_TIMEOUT", 0.05)
+    handed: list[live.RunChange] = []
+    monkeypatch.setattr(live._publisher, "submit", handed.append)
+    attempts: list[str] = []
+
+    async def hanging(changes: list[live.RunChange]) -> bool:
+        attempts.append(changes[0].run_id)
+        await asyncio.sleep(5)
+        return True
+
+    monkeypatch.setattr(live, "_send", hanging)
+    first, second = change(str(uuid.uuid4())), change(str(uuid.uuid4()))
+    await asyncio.to_thread(_publish_on_a_thread, first)
+    await asyncio.to_thread(_publish_on_a_thread, second)
+    assert attempts == [first.run_id]  # tried once, on the committing thread
+    assert handed == [second]
+
+
+def test_a_thread_that_did_not_opt_in_hands_its_change_to_the_publisher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only threads that live as long as their event loop send themselves (a worker's run
+    threads, `live.sending_thread`); any other gets no loop, nor a channel-layer connection."""
+    monkeypatch.setattr(live, "_server_loop", None)
+    monkeypatch.setattr(live, "_inline_off_until", 0.0)
+    handed: list[live.RunChange] = []
+    monkeypatch.setattr(live._publisher, "submit", handed.append)
+    one = change(str(uuid.uuid4()))
+    done = threading.Thread(target=live.publish, args=(one,))
+    done.start()
+    done.join(10)
+    assert handed == [one]

@@ -28,7 +28,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
-from runs import metrics, services
+from runs import live, metrics, services
 from runs.engine import wakeup
 from runs.engine.context import NonRetryableError, RunControl, RunStopped
 from runs.engine.delivery import Deliverer
@@ -232,6 +232,12 @@ class _DaemonPool:
         return future
 
     def _serve(self) -> None:
+        # A run's suspension and end reach their waiters from here, not through the
+        # publisher's thread (runs/live.py).
+        with live.sending_thread():
+            self._serve_runs()
+
+    def _serve_runs(self) -> None:
         while True:
             try:
                 future, fn, args = self._work.get(timeout=self.IDLE_SECONDS)
