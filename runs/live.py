@@ -212,8 +212,8 @@ _loop_batch = _LoopBatch()
 # run threads), when nothing this process published before waits: a hand-off to the
 # publisher's thread costs its wake-up, 0.2-0.9 ms on an idle machine, between a run's
 # suspension or end and its waiter. Bounded: a send that fails or takes longer than
-# INLINE_TIMEOUT (Redis unreachable) hands every change to the publisher for a while, so a run
-# never waits on the channel layer more than once in that while.
+# INLINE_TIMEOUT (Redis unreachable) hands that change and every one after it to the publisher
+# for a while, so a run never waits on the channel layer more than once in that while.
 INLINE_TIMEOUT = 0.25
 INLINE_BACKOFF_SECONDS = 30.0
 _inline = threading.local()
@@ -234,10 +234,13 @@ def sending_thread() -> Iterator[None]:
 
 
 def _publish_inline(change: RunChange) -> bool:
+    """Send `change` from this thread; False when it is the publisher's to send."""
     global _inline_off_until
     loop = getattr(_inline, "loop", None)
     if loop is None or time.monotonic() < _inline_off_until or not _publisher.idle():
         return False
+    if _loop_running_here():
+        return False  # committed from code running an event loop of its own on this thread
     if isinstance(get_channel_layer(), InMemoryChannelLayer):
         return False  # bound to one event loop: the publisher's
     try:
@@ -247,6 +250,14 @@ def _publish_inline(change: RunChange) -> bool:
     if not sent:
         _inline_off_until = time.monotonic() + INLINE_BACKOFF_SECONDS
         logger.warning("live: publishing from the committing thread is off for a while")
+    return sent
+
+
+def _loop_running_here() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
     return True
 
 
