@@ -256,6 +256,19 @@ class _DaemonPool:
                 self._idle += 1
 
 
+# The first responder (PostgreSQL). A queued run's NOTIFY reaches every worker listening for
+# it, and each one wakes two threads and looks at the queue on the cores the run needs (two
+# workers on two cores: a human-in-the-loop run suspended 1.4 ms later than with one). Only
+# the worker whose LISTEN connection holds this session advisory lock ("RUNSRESP") listens for
+# queued runs; it hands them to the others (HANDOFF_CHANNEL, which they listen for) when it
+# claimed as many as it had room for and more may wait, when it had no room, or when its loop
+# was busy in a tick of its own (a reaper or prune pass) as the NOTIFY came. A responder that
+# dies releases the lock with its connection; another worker takes it within a second, and
+# every worker still polls the queue (RUNS_POLL_SECONDS).
+RESPONDER_LOCK = 0x52554E5352455350
+HANDOFF_CHANNEL = "runsite_queue_handoff"
+
+
 class Worker:
     def __init__(
         self,
@@ -284,6 +297,12 @@ class Worker:
         )
         self._pool = _DaemonPool("runsite-run")
         self._listener: threading.Thread | None = None
+        # The first responder's state (RESPONDER_LOCK): whether this worker holds the lock,
+        # whether a queued run's NOTIFY came since the main loop last looked, and whether the
+        # main loop is waiting (not in a tick of its own).
+        self.responder = threading.Event()
+        self._queue_noticed = False
+        self._waiting = False
         self.claimed_total = 0
         self._deliverer = Deliverer(owner=self.owner, wake=self._wake)
 
@@ -349,7 +368,12 @@ class Worker:
                     if now >= next_delivery:
                         self._deliverer.tick()  # the outbox: sent on its own threads
                         next_delivery = now + DELIVERY_TICK_SECONDS
+                    with self._lock:
+                        noticed, self._queue_noticed = self._queue_noticed, False
+                    full = self._free_slots() <= 0
                     got = self._claim()
+                    if noticed and (got or full) and self.responder.is_set():
+                        self._pass_on()
                 except Exception:
                     logger.exception("worker loop error; retrying shortly")
                     close_old_connections()
@@ -361,9 +385,39 @@ class Worker:
                     # notifies (and a run's end sets the wake-up), so it would claim nothing.
                     continue
                 timeout = min(self.poll_seconds, max(0.0, next_heartbeat - time.monotonic()))
+                with self._lock:
+                    self._waiting = True
                 self._wake.wait(timeout)
+                with self._lock:
+                    self._waiting = False
         finally:
             self._shutdown()
+
+    def _pass_on(self) -> None:
+        """Wake the other workers at once (the responder could not take everything queued)."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [HANDOFF_CHANNEL])
+
+    def _queued(self) -> bool:
+        """A run was queued (its NOTIFY, on the responder's listener thread); True when the
+        listener must hand it on (the loop is busy in a tick of its own)."""
+        with self._lock:
+            self._queue_noticed = True
+            busy = not self._waiting
+        self._wake.set()
+        return busy
+
+    def _take_responder_lock(self, conn: Any) -> None:
+        """Become the first responder if no worker is: listen for queued runs, not for runs
+        handed on. Every worker listens for handed-on runs until then."""
+        if self.responder.is_set():
+            return
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", [RESPONDER_LOCK]).fetchone()
+        if row[0]:
+            conn.execute(f"LISTEN {services.QUEUE_CHANNEL}")
+            conn.execute(f"UNLISTEN {HANDOFF_CHANNEL}")
+            self.responder.set()
+            self._wake.set()  # anything queued before it listened
 
     def _announce_stuck(self) -> None:
         # Every worker scans; the outbox's unique constraint keeps one message per run and rule.
@@ -438,17 +492,30 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 with psycopg.connect(autocommit=True, **conninfo) as conn:
-                    conn.execute(f"LISTEN {services.QUEUE_CHANNEL}")
                     conn.execute(f"LISTEN {services.CANCEL_CHANNEL}")
+                    conn.execute(f"LISTEN {HANDOFF_CHANNEL}")
                     backoff = 0.1
+                    self._take_responder_lock(conn)
+                    retry_lock_at = time.monotonic() + 1.0
                     self._wake.set()  # anything queued while we were not listening
                     while not self._stopping.is_set():
-                        for note in conn.notifies(timeout=1.0):
+                        # Back from notifies() with the first batch: the connection is the
+                        # generator's until it ends, and a busy responder hands runs on.
+                        pass_on = False
+                        for note in conn.notifies(timeout=1.0, stop_after=1):
                             if note.channel == services.CANCEL_CHANNEL:
                                 self.cancel_requested(note.payload.split(","))
+                            elif note.channel == services.QUEUE_CHANNEL:
+                                pass_on = self._queued() or pass_on
                             else:
-                                self._wake.set()
+                                self._wake.set()  # handed on by the responder
+                        if pass_on:
+                            conn.execute("SELECT pg_notify(%s, '')", [HANDOFF_CHANNEL])
+                        if time.monotonic() >= retry_lock_at:
+                            self._take_responder_lock(conn)  # another's may have died
+                            retry_lock_at = time.monotonic() + 1.0
             except Exception as exc:
+                self.responder.clear()  # the lock went with the connection
                 if self._stopping.is_set():
                     break
                 logger.warning("LISTEN connection lost (%s); reconnecting", exc)
