@@ -267,6 +267,7 @@ class _DaemonPool:
 # every worker still polls the queue (RUNS_POLL_SECONDS).
 RESPONDER_LOCK = 0x52554E5352455350
 HANDOFF_CHANNEL = "runsite_queue_handoff"
+_HAND_ON_SQL = f"SELECT pg_notify('{HANDOFF_CHANNEL}', '')"
 
 
 class Worker:
@@ -396,7 +397,7 @@ class Worker:
     def _pass_on(self) -> None:
         """Wake the other workers at once (the responder could not take everything queued)."""
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, '')", [HANDOFF_CHANNEL])
+            cursor.execute(_HAND_ON_SQL)
 
     def _queued(self) -> bool:
         """A run was queued (its NOTIFY, on the responder's listener thread); True when the
@@ -510,7 +511,7 @@ class Worker:
                             else:
                                 self._wake.set()  # handed on by the responder
                         if pass_on:
-                            conn.execute("SELECT pg_notify(%s, '')", [HANDOFF_CHANNEL])
+                            conn.execute(_HAND_ON_SQL)
                         if time.monotonic() >= retry_lock_at:
                             self._take_responder_lock(conn)  # another's may have died
                             retry_lock_at = time.monotonic() + 1.0
