@@ -171,8 +171,23 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
 
     def hear(self, event: dict[str, Any]) -> None:
         """A published change: dropped unread when its run belongs to a tenant this user is
-        not bound to (nothing rendered, nothing counted, not even a row deletion)."""
-        if self.visibility.allows(event.get("resource_id")):
+        not bound to (nothing rendered, nothing counted, not even a row deletion). Or the hub's
+        word that changes published since a moment may have been lost (`resync`)."""
+        if "resync" in event:
+            self._resync_task = asyncio.ensure_future(self.resync(float(event["resync"])))
+        elif self.visibility.allows(event.get("resource_id")):
+            self.queue(event)
+
+    async def resync(self, since: float) -> None:
+        """Queue what changed since `since` (wall time), read from the database."""
+        if self.closed:
+            return
+        try:
+            changed = await database_sync_to_async(self.changed_since)(since)
+        except Exception:
+            logger.exception("live: reading changes for a resync failed")
+            return
+        for event in changed:
             self.queue(event)
 
     def queue(self, event: dict[str, Any]) -> None:
@@ -244,6 +259,10 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
     async def catch_up(self) -> None:
         return None
 
+    def changed_since(self, since: float) -> list[dict[str, Any]]:
+        """The changes to queue after a resync (sync, runs in a thread)."""
+        raise NotImplementedError
+
     def render(self, changes: list[dict[str, Any]]) -> str | list[str]:
         """The frames to send (one html string, or several sent in order)."""
         raise NotImplementedError
@@ -311,6 +330,24 @@ class RunsConsumer(_BatchingConsumer):
         changed = await database_sync_to_async(self._changed_since)(since)
         for event in changed:
             self.queue(event)
+
+    def changed_since(self, since: float) -> list[dict[str, Any]]:
+        if self.view not in ("inbox", "runs"):
+            # The overview and a thread page render from the database whatever the change.
+            return [{"run_id": "", "seq": 0, "status": "resync"}]
+        changed = self._changed_since(since)
+        # A run rolled back meanwhile left no row to find: drop the rows shown of runs gone.
+        shown = [UUID(i) for i in self.shown]
+        if shown:
+            runs = selectors.runs_filtered(
+                selectors.RunFilters(top_level_only=False), user=self.user
+            )
+            left = {str(i) for i in runs.filter(id__in=shown).values_list("id", flat=True)}
+            changed += [
+                {"run_id": i, "seq": 2**31 - 1, "status": "deleted"}
+                for i in sorted(self.shown - left)
+            ]
+        return changed
 
     def _changed_since(self, since: float) -> list[dict[str, Any]]:
         from datetime import UTC, datetime
@@ -505,6 +542,9 @@ class RunConsumer(_BatchingConsumer):
     async def catch_up(self) -> None:
         # Render once now: if the run moved on since the page was rendered, this sends it.
         self.queue({"run_id": str(self.run_id), "seq": 0, "status": "catch_up"})
+
+    def changed_since(self, since: float) -> list[dict[str, Any]]:
+        return [{"run_id": str(self.run_id), "seq": 0, "status": "catch_up"}]
 
     def render(self, changes: list[dict[str, Any]]) -> str | list[str]:
         mine = [c for c in changes if c.get("run_id") == str(self.run_id)]

@@ -23,12 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 from runs import live
 from runs.models import RunStatus
@@ -38,6 +39,15 @@ logger = logging.getLogger("runs.live")
 # The Redis pub/sub layer keeps a subscription until it is dropped; the core layer expires group
 # membership after a day. Re-joining now and then keeps either kind subscribed for ever.
 REJOIN_SECONDS = 600.0
+
+# A hub sends itself a beat this often through the channel layer. The Redis pub/sub layer loses
+# what is published while its subscription is down (after its connection drops, channels_redis
+# pauses a second before it reads again, and says nothing): a beat not heard back within
+# BEAT_SECONDS marks such a gap, and the first one heard after it tells every waiter and socket
+# of this loop to read the database again for what changed since (`resync`), instead of waiting
+# for a run's next change. (A gap that only delayed messages costs one needless resync.)
+BEAT_SECONDS = 1.0
+BEAT = "hub.beat"
 
 
 # A change to one of these statuses cannot end a wait: a waiter that only needs the run's end
@@ -108,6 +118,9 @@ class Hub:
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._failed = False
+        # The wall time of the last beat heard back, and of the start of an unhealed gap.
+        self._heard_at = 0.0
+        self._deaf_since: float | None = None
 
     async def start(self) -> bool:
         """Join the `runs` group once; False when there is no usable channel layer."""
@@ -137,24 +150,81 @@ class Hub:
         self._ready.set()
         loop = asyncio.get_running_loop()
         rejoin_at = loop.time() + REJOIN_SECONDS
+        beats = not isinstance(layer, InMemoryChannelLayer)  # nothing published is lost there
+        self._heard_at = time.time()
+        beat_at = loop.time() + BEAT_SECONDS if beats else rejoin_at
+        sent = heard = 0
+        # One receive at a time, never cancelled: channels_redis's pub/sub layer unsubscribes a
+        # channel whose receive is cancelled, losing what is published until the next receive.
+        receiving: asyncio.Future[Any] | None = None
         while True:
+            if receiving is None:
+                receiving = asyncio.ensure_future(layer.receive(channel))
             try:
-                message = await asyncio.wait_for(layer.receive(channel), timeout=REJOIN_SECONDS)
-            except TimeoutError:
-                message = None
+                done, _ = await asyncio.wait(
+                    {receiving}, timeout=max(0.0, min(beat_at, rejoin_at) - loop.time())
+                )
             except asyncio.CancelledError:
+                receiving.cancel()
                 raise
-            except Exception:
-                logger.warning("hub: receive failed; retrying", exc_info=True)
-                await asyncio.sleep(0.5)
-                continue
+            message = None
+            if done:
+                got, receiving = receiving, None
+                try:
+                    message = got.result()
+                except Exception:
+                    logger.warning("hub: receive failed; retrying", exc_info=True)
+                    await asyncio.sleep(0.5)
+                    continue
             if message is not None:
-                for change in live.changes_in(message):
-                    self._wake(change)
+                if message.get("type") == BEAT:
+                    heard = max(heard, int(message.get("n") or 0))
+                    self._heard(float(message.get("at") or 0.0))
+                else:
+                    for change in live.changes_in(message):
+                        self._wake(change)
+            if beats and loop.time() >= beat_at:
+                beat_at = loop.time() + BEAT_SECONDS
+                if sent > heard and self._deaf_since is None:
+                    # The last beat was not heard back within BEAT_SECONDS.
+                    self._deaf_since = self._heard_at
+                    logger.warning("hub: a beat went unheard; resyncing once the layer answers")
+                sent += 1
+                try:
+                    await layer.send(channel, {"type": BEAT, "n": sent, "at": time.time()})
+                except Exception:
+                    logger.warning("hub: sending a beat failed", exc_info=True)
             if loop.time() >= rejoin_at:
                 rejoin_at = loop.time() + REJOIN_SECONDS
                 with contextlib.suppress(Exception):
                     await layer.group_add(live.RUNS_GROUP, channel)
+
+    def _heard(self, sent_at: float) -> None:
+        """A beat came back (sent at `sent_at`): ends a gap, if there was one, with a resync."""
+        since = self._deaf_since
+        self._deaf_since = None
+        self._heard_at = max(self._heard_at, sent_at)
+        if since is not None:
+            self.resync(since)
+
+    def resync(self, since: float) -> None:
+        """What was published since `since` (wall time) may have been lost: every waiter reads
+        the database again, and every socket is told to (`listener({"resync": since})`)."""
+        logger.info("hub: resyncing %d waiters and every socket", self.waiting())
+        for slots in self._waiters.values():
+            for slot in slots:
+                slot.may_have_stopped = True
+                slot.event.set()
+        told: set[Callable[[dict[str, Any]], None]] = set()
+        for listeners in list(self._listeners.values()):
+            for listener in list(listeners):
+                if listener in told:
+                    continue
+                told.add(listener)
+                try:
+                    listener({"resync": since})
+                except Exception:
+                    logger.exception("hub: a listener failed to resync")
 
     def _wake(self, message: dict[str, Any]) -> None:
         going = message.get("status") in GOING

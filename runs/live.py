@@ -115,6 +115,12 @@ def bind_server_loop(loop: asyncio.AbstractEventLoop) -> None:
     _server_loop = loop
 
 
+# A send the channel layer refused (Redis away) is tried again this often, with what was
+# queued meanwhile, for up to RETRY_FOR_SECONDS; subscribers that missed it resync (runs/hub.py).
+RETRY_SECONDS = 0.5
+RETRY_FOR_SECONDS = 60.0
+
+
 class _Publisher:
     """A background thread with its own event loop for processes without an ASGI server."""
 
@@ -123,6 +129,7 @@ class _Publisher:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.sending = False
+        self.unsent: list[RunChange] = []  # refused by the layer, tried again
 
     def submit(self, change: RunChange) -> None:
         with self._lock:
@@ -136,15 +143,22 @@ class _Publisher:
     def _main(self) -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
+        failing_since = 0.0
         while True:
-            change = self._queue.get()
-            if change is None:
-                break
+            got: list[RunChange] = []
+            try:
+                change = self._queue.get(timeout=RETRY_SECONDS if self.unsent else None)
+            except queue.Empty:
+                pass  # only the retry
+            else:
+                if change is None:
+                    break
+                got.append(change)
             # Under load several changes queue up (a run claimed, then finished a few
             # milliseconds later; many runs at once): only each run's newest matters to
             # subscribers, who read the database anyway, and they go out as one message.
             # Never wait to coalesce: only what is already queued.
-            changes = [change]
+            changes = [*self.unsent, *got]
             while True:
                 try:
                     more = self._queue.get_nowait()
@@ -155,16 +169,25 @@ class _Publisher:
                 changes.append(more)
             self.sending = True
             try:
-                loop.run_until_complete(_send(coalesced(changes)))
+                batch = coalesced(changes)
+                if loop.run_until_complete(_send(batch)):
+                    self.unsent, failing_since = [], 0.0
+                else:
+                    failing_since = failing_since or time.monotonic()
+                    if time.monotonic() - failing_since < RETRY_FOR_SECONDS:
+                        self.unsent = batch
+                    else:
+                        logger.warning("live: %d changes dropped after a minute", len(batch))
+                        self.unsent, failing_since = [], 0.0
             finally:
                 self.sending = False
 
     def idle(self) -> bool:
-        return self._queue.empty() and not self.sending
+        return self._queue.empty() and not self.sending and not self.unsent
 
     def flush(self, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
-        while not self._queue.empty() and time.monotonic() < deadline:
+        while not self.idle() and time.monotonic() < deadline:
             time.sleep(0.005)
 
 
@@ -194,6 +217,7 @@ class _LoopBatch:
 
     def __init__(self) -> None:
         self.pending: list[RunChange] = []
+        self.failing_since = 0.0
 
     def add(self, loop: asyncio.AbstractEventLoop, change: RunChange) -> None:
         if not self.pending:
@@ -202,7 +226,18 @@ class _LoopBatch:
 
     async def _flush(self) -> None:
         changes, self.pending = self.pending, []
-        await _send(coalesced(changes))
+        if not await _send(coalesced(changes)):
+            # Tried again with what comes meanwhile, as the publisher does.
+            await asyncio.sleep(RETRY_SECONDS)
+            failed_at = self.failing_since or time.monotonic()
+            if time.monotonic() - failed_at < RETRY_FOR_SECONDS:
+                if not self.pending:
+                    asyncio.get_running_loop().create_task(self._flush())
+                self.pending[:0] = changes  # before what came meanwhile
+                self.failing_since = failed_at
+                return
+            logger.warning("live: %d changes dropped after a minute", len(changes))
+        self.failing_since = 0.0
 
 
 _loop_batch = _LoopBatch()

@@ -270,7 +270,9 @@ if REDIS_URL:
         "default": {
             # The pub/sub layer: lower fan-out latency than the core layer and no capacity
             # drops; it can lose messages on reconnect, which is why every push carries a
-            # per-run sequence number and clients resync from the database.
+            # per-run sequence number, a hub that misses its own beat has its waiters and
+            # sockets resync from the database (runs/hub.py), and a refused publish is sent
+            # again (runs/live.py).
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
             # Redis pub/sub channels ignore the database number: without a prefix of their own,
             # two deployments (or test runs) on one Redis would hear each other's run changes.

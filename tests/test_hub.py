@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import time
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -292,3 +293,76 @@ def test_a_change_committed_inside_an_event_loop_goes_to_the_publisher(
     done.join(10)
     assert handed == [one]
     assert live._inline_off_until == 0.0  # not a failure: nothing turned off
+
+
+def _redis_layer() -> Any:
+    layer = get_channel_layer()
+    if isinstance(layer, live.InMemoryChannelLayer):
+        pytest.skip("the in-memory layer loses nothing and is bound to one loop")
+    return layer
+
+
+@pytest.mark.postgres
+async def test_a_hub_whose_subscription_dropped_tells_waiters_and_sockets_to_resync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis drops the hub's pub/sub connection (a restart, a failover, CLIENT KILL):
+    channels_redis re-subscribes a second or so later and what was published meanwhile never
+    arrives. The hub's beat goes unheard, and the first one heard after it makes every waiter
+    read the database again and every socket resync from the moment it last heard."""
+    import os
+
+    import redis
+
+    _redis_layer()
+    monkeypatch.setattr("runs.hub.BEAT_SECONDS", 0.2)
+    heard: list[dict[str, Any]] = []
+    run_id = str(uuid.uuid4())
+    async with hub().watch(run_id) as waiter:
+        hub().listen(live.RUNS_GROUP, heard.append)
+        try:
+            await asyncio.sleep(0.6)  # beats heard: the hub knows it was listening
+            assert not waiter.event.is_set()
+            r = redis.Redis.from_url(os.environ["REDIS_URL"])
+            killed_at = time.time()
+            assert r.client_kill_filter(_type="pubsub") >= 1
+            await live._send([change(run_id)])  # published while nobody listens: lost
+            for _ in range(300):
+                if any("resync" in m for m in heard):
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            hub().unlisten(live.RUNS_GROUP, heard.append)
+        resyncs = [m["resync"] for m in heard if "resync" in m]
+        assert resyncs, "no resync after the subscription dropped"
+        assert killed_at - 1.0 <= resyncs[0] <= killed_at  # from the last beat heard
+        assert waiter.event.is_set() and waiter.may_have_stopped
+
+
+@pytest.mark.postgres
+def test_changes_the_layer_refused_are_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis briefly away when a change is published: the publisher tries again, with what came
+    meanwhile, instead of dropping it."""
+    layer = _redis_layer()
+    monkeypatch.setattr(live, "RETRY_SECONDS", 0.05)
+    real = layer.group_send
+    sent: list[list[str]] = []
+
+    async def away_twice(group: str, message: dict[str, Any]) -> None:
+        ids = [c["run_id"] for c in live.changes_in(message)]
+        sent.append(ids)
+        if len(sent) <= 2:
+            raise ConnectionError("Redis away")
+        await real(group, message)
+
+    monkeypatch.setattr(layer, "group_send", away_twice)
+    first, second = change(str(uuid.uuid4())), change(str(uuid.uuid4()))
+    live._publisher.submit(first)
+    deadline = time.monotonic() + 5
+    while len(sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    live._publisher.submit(second)
+    live.flush(5)
+    assert live._publisher.idle()
+    assert sent[0] == [first.run_id] and sent[1] == [first.run_id]
+    assert sent[-1] == [first.run_id, second.run_id]  # the refused one first, then what came

@@ -172,6 +172,60 @@ async def test_the_runs_list_inserts_new_runs_and_drops_those_leaving_its_filter
         await listing.disconnect()
 
 
+async def test_a_list_told_to_resync_shows_what_changed_while_it_heard_nothing(
+    support, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Changes whose messages were lost (the hub's subscription was down: runs/hub.py) reach
+    the page when its hub says to resync: a run queued meanwhile is inserted, a run rolled
+    back meanwhile is removed, read from the database."""
+    from runs import live
+    from runs.hub import hub
+
+    old = await db(pending_echo)()
+    listing, ok = await connect("/ws/runs/?view=runs&status=pending", support)
+    assert ok
+    try:
+        assert await listing.receive_nothing(timeout=0.3)
+        since = time.time()
+        monkeypatch.setattr(live, "publish", lambda change: None)  # every message lost
+        new = await db(pending_echo)()
+        await db(services.run_cancel)(run=old, action="rollback", actor=support)
+        assert await listing.receive_nothing(timeout=0.3)
+        hub().resync(since)
+        pushed = await receive_all_until(
+            listing,
+            lambda t: (
+                f'id="run-row-{new.id}"' in t
+                and f'<div id="run-row-{old.id}" hx-swap-oob="delete"' in t
+            ),
+        )
+        assert 'data-insert-into="runs-rows" data-insert-at="0"' in pushed
+    finally:
+        await listing.disconnect()
+
+
+async def test_a_run_page_told_to_resync_shows_its_run_as_it_is_now(
+    reviewer, support, drain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runs import live
+    from runs.hub import hub
+
+    run = await db(suspended_refund)(drain, "S-1")
+    page, ok = await connect(f"/ws/runs/{run.id}/?seq={run.last_seq}", reviewer)
+    assert ok
+    try:
+        await frames_until_quiet(page, quiet=0.3)
+        since = time.time()
+        monkeypatch.setattr(live, "publish", lambda change: None)
+        await db(services.run_cancel)(run=run, action="interrupt", actor=support)
+        assert await page.receive_nothing(timeout=0.3)
+        hub().resync(since)
+        text = await receive_until(page, lambda t: "s-interrupted" in t)
+        assert f'data-seq="{run.last_seq + 1}"' in text
+    finally:
+        await page.disconnect()
+
+
 async def test_pushes_are_rendered_for_the_viewer_and_escape_tool_arguments(
     reviewer, support, drain
 ) -> None:
