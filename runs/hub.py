@@ -121,6 +121,7 @@ class Hub:
         # The wall time of the last beat heard back, and of the start of an unhealed gap.
         self._heard_at = 0.0
         self._deaf_since: float | None = None
+        self._sent = self._heard_n = 0  # beats sent, the newest heard back
 
     async def start(self) -> bool:
         """Join the `runs` group once; False when there is no usable channel layer."""
@@ -148,50 +149,44 @@ class Hub:
             self._ready.set()
             return
         self._ready.set()
-        loop = asyncio.get_running_loop()
-        rejoin_at = loop.time() + REJOIN_SECONDS
-        beats = not isinstance(layer, InMemoryChannelLayer)  # nothing published is lost there
-        self._heard_at = time.time()
-        beat_at = loop.time() + BEAT_SECONDS if beats else rejoin_at
-        sent = heard = 0
-        # One receive at a time, never cancelled: channels_redis's pub/sub layer unsubscribes a
-        # channel whose receive is cancelled, losing what is published until the next receive.
-        receiving: asyncio.Future[Any] | None = None
-        while True:
-            if receiving is None:
-                receiving = asyncio.ensure_future(layer.receive(channel))
-            try:
-                done, _ = await asyncio.wait(
-                    {receiving}, timeout=max(0.0, min(beat_at, rejoin_at) - loop.time())
-                )
-            except asyncio.CancelledError:
-                receiving.cancel()
-                raise
-            message = None
-            if done:
-                got, receiving = receiving, None
+        ticking = asyncio.get_running_loop().create_task(self._tick(layer, channel))
+        try:
+            # Never cancelled but with the hub: channels_redis's pub/sub layer unsubscribes a
+            # channel whose receive is cancelled, losing what is published until the next one.
+            while True:
                 try:
-                    message = got.result()
+                    message = await layer.receive(channel)
+                except asyncio.CancelledError:
+                    raise
                 except Exception:
                     logger.warning("hub: receive failed; retrying", exc_info=True)
                     await asyncio.sleep(0.5)
                     continue
-            if message is not None:
                 if message.get("type") == BEAT:
-                    heard = max(heard, int(message.get("n") or 0))
-                    self._heard(float(message.get("at") or 0.0))
+                    self._heard(int(message.get("n") or 0), float(message.get("at") or 0.0))
                 else:
                     for change in live.changes_in(message):
                         self._wake(change)
-            if beats and loop.time() >= beat_at:
-                beat_at = loop.time() + BEAT_SECONDS
-                if sent > heard and self._deaf_since is None:
+        finally:
+            ticking.cancel()
+
+    async def _tick(self, layer: Any, channel: str) -> None:
+        """Beats (not on the in-memory layer, which loses nothing) and re-joins, on a timer."""
+        loop = asyncio.get_running_loop()
+        beats = not isinstance(layer, InMemoryChannelLayer)
+        rejoin_at = loop.time() + REJOIN_SECONDS
+        self._heard_at, self._sent, self._heard_n = time.time(), 0, 0
+        while True:
+            await asyncio.sleep(BEAT_SECONDS if beats else REJOIN_SECONDS)
+            if beats:
+                if self._sent > self._heard_n and self._deaf_since is None:
                     # The last beat was not heard back within BEAT_SECONDS.
                     self._deaf_since = self._heard_at
                     logger.warning("hub: a beat went unheard; resyncing once the layer answers")
-                sent += 1
+                self._sent += 1
                 try:
-                    await layer.send(channel, {"type": BEAT, "n": sent, "at": time.time()})
+                    beat = {"type": BEAT, "n": self._sent, "at": time.time()}
+                    await asyncio.wait_for(layer.send(channel, beat), BEAT_SECONDS)
                 except Exception:
                     logger.warning("hub: sending a beat failed", exc_info=True)
             if loop.time() >= rejoin_at:
@@ -199,8 +194,9 @@ class Hub:
                 with contextlib.suppress(Exception):
                     await layer.group_add(live.RUNS_GROUP, channel)
 
-    def _heard(self, sent_at: float) -> None:
-        """A beat came back (sent at `sent_at`): ends a gap, if there was one, with a resync."""
+    def _heard(self, n: int, sent_at: float) -> None:
+        """Beat `n` came back (sent at `sent_at`): ends a gap, if there was one, with a resync."""
+        self._heard_n = max(self._heard_n, n)
         since = self._deaf_since
         self._deaf_since = None
         self._heard_at = max(self._heard_at, sent_at)
