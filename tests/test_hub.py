@@ -366,3 +366,32 @@ def test_changes_the_layer_refused_are_sent_again(monkeypatch: pytest.MonkeyPatc
     assert live._publisher.idle()
     assert sent[0] == [first.run_id] and sent[1] == [first.run_id]
     assert sent[-1] == [first.run_id, second.run_id]  # the refused one first, then what came
+
+
+async def test_a_change_the_layer_refused_on_the_servers_loop_is_sent_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A web process publishes on its event loop (a cancel, a run created): a send the layer
+    refuses is tried again, with what came meanwhile, and the waiter is woken."""
+    layer = get_channel_layer()
+    monkeypatch.setattr(live, "RETRY_SECONDS", 0.05)
+    real = layer.group_send
+    tries: list[list[str]] = []
+
+    async def away_once(group: str, message: dict[str, Any]) -> None:
+        tries.append([c["run_id"] for c in live.changes_in(message)])
+        if len(tries) == 1:
+            raise ConnectionError("Redis away")
+        await real(group, message)
+
+    monkeypatch.setattr(layer, "group_send", away_once)
+    live.bind_server_loop(asyncio.get_running_loop())
+    first, second = change(str(uuid.uuid4())), change(str(uuid.uuid4()))
+    async with hub().watch(first.run_id) as waiter:
+        live.publish(first)
+        while not tries:
+            await asyncio.sleep(0.005)
+        live.publish(second)
+        await asyncio.wait_for(waiter.event.wait(), timeout=2)
+    assert tries[0] == [first.run_id]
+    assert [first.run_id] in tries[1:] or [first.run_id, second.run_id] in tries[1:]
