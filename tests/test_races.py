@@ -186,14 +186,17 @@ def test_reject_racing_a_decision_always_refuses(drain, reviewer) -> None:
 
 class _Holding:
     """`write` in a transaction on a thread of its own that stays open half a second after it:
-    whatever the write locked stays locked until then (`done` is set once it committed)."""
+    whatever the write locked stays locked until then. `committing` is set just before the
+    commit, so while the locks are still held: a statement that waited for them can only
+    finish after it, one that did not wait finishes before it. (An event set after the commit
+    would race the waiter, which the commit wakes before this thread runs on.)"""
 
     def __init__(self, write: Callable[[], Any]) -> None:
         import time
 
         from django.db import transaction
 
-        self.held, self.done = threading.Event(), threading.Event()
+        self.held, self.committing = threading.Event(), threading.Event()
 
         def hold() -> None:
             try:
@@ -201,8 +204,8 @@ class _Holding:
                     write()
                     self.held.set()
                     time.sleep(0.5)
+                    self.committing.set()
             finally:
-                self.done.set()
                 connection.close()
 
         self.thread = threading.Thread(target=hold)
@@ -210,9 +213,10 @@ class _Holding:
         assert self.held.wait(10)
 
     def committed_before(self) -> bool:
-        committed = self.done.is_set()
+        """Whether the caller got past the held locks only once they were being released."""
+        waited = self.committing.is_set()
         self.thread.join(10)
-        return committed
+        return waited
 
 
 @pytest.mark.parametrize("action", ["interrupt", "rollback"])
