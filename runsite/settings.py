@@ -240,11 +240,40 @@ else:
     if _prepare_threshold:
         _db["OPTIONS"]["server_side_binding"] = True
         _db["OPTIONS"]["prepare_threshold"] = _prepare_threshold
+    # Session settings for the server, after any the URL gives (`?options=-c …`), never instead.
+    _server_options = [_db["OPTIONS"].get("options", "")]
     # A process frozen inside a transaction (SIGSTOP, a debugger, a stuck host) would hold its
     # row locks forever and block the reaper; the server ends such sessions after this long.
     _idle_tx_ms = env_int("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS", 10_000)
     if _idle_tx_ms:
-        _db["OPTIONS"]["options"] = f"-c idle_in_transaction_session_timeout={_idle_tx_ms}"
+        _server_options.append(f"-c idle_in_transaction_session_timeout={_idle_tx_ms}")
+    # A peer that vanished without a word (a host that died, a NAT or load balancer that dropped
+    # an idle connection) is found by TCP keepalives within about twice this long, on both ends:
+    # the client's socket errors (a LISTEN connection reconnects instead of waiting for notices
+    # that cannot come) and the server ends the session, releasing its locks (the first
+    # responder's advisory lock). The operating system's defaults take two hours. Both ends also
+    # give up on data unacknowledged for as long. 0 leaves the defaults; parameters the URL
+    # gives (`?keepalives_idle=…`) win.
+    _keepalive = env_int("DATABASE_KEEPALIVE_SECONDS", 30)
+    if _keepalive:
+        _interval = max(1, _keepalive // 3)
+        _dead_after_ms = (_keepalive + 3 * _interval) * 1000
+        for _key, _value in {
+            "keepalives": 1,
+            "keepalives_idle": _keepalive,
+            "keepalives_interval": _interval,
+            "keepalives_count": 3,
+            "tcp_user_timeout": _dead_after_ms,
+        }.items():
+            _db["OPTIONS"].setdefault(_key, _value)
+        _server_options += [
+            f"-c tcp_keepalives_idle={_keepalive}",
+            f"-c tcp_keepalives_interval={_interval}",
+            "-c tcp_keepalives_count=3",
+            f"-c tcp_user_timeout={_dead_after_ms}",
+        ]
+    if " ".join(_server_options).strip():
+        _db["OPTIONS"]["options"] = " ".join(o for o in _server_options if o)
     # One test database per test process, so concurrent suites on one server never collide.
     _db["TEST"] = {"NAME": env_str("DATABASE_TEST_NAME", "") or f"test_runsite_{os.getpid()}"}
 DATABASES = {"default": _db}

@@ -270,6 +270,16 @@ HANDOFF_CHANNEL = "runsite_queue_handoff"
 _HAND_ON_SQL = f"SELECT pg_notify('{HANDOFF_CHANNEL}', '')"
 
 
+def listen_conninfo() -> dict[str, Any]:
+    """The parameters of Django's own connections (host, TLS, `connect_timeout`, keepalives,
+    session options, application name: runsite/settings.py), for a LISTEN connection of the
+    worker's own; not Django's Python-side ones (cursor class, adapters, prepared statements)."""
+    params = connection.get_connection_params()
+    for python_side in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(python_side, None)
+    return params
+
+
 class Worker:
     def __init__(
         self,
@@ -479,16 +489,7 @@ class Worker:
     def _listen_loop(self) -> None:
         import psycopg
 
-        params = connection.settings_dict
-        conninfo = {
-            "dbname": params["NAME"],
-            "user": params.get("USER") or None,
-            "password": params.get("PASSWORD") or None,
-            "host": params.get("HOST") or None,
-            "port": params.get("PORT") or None,
-            "connect_timeout": 5,
-        }
-        conninfo = {k: v for k, v in conninfo.items() if v is not None}
+        conninfo = listen_conninfo()
         backoff = 0.1
         while not self._stopping.is_set():
             try:
