@@ -121,6 +121,12 @@ RETRY_SECONDS = 0.5
 RETRY_FOR_SECONDS = 60.0
 
 
+# A send unanswered this long (a Redis gone silent without closing the connection) counts as
+# refused: it is tried again as above, and the publisher is never stuck behind it. The channel
+# layer drops the connection such a send was waiting on.
+SEND_TIMEOUT = 5.0
+
+
 class _Publisher:
     """A background thread with its own event loop for processes without an ASGI server."""
 
@@ -202,7 +208,7 @@ async def _send(changes: list[RunChange]) -> bool:
     # One message to the one group every process's hub listens to (runs/hub.py); the hub
     # derives `run.<id>`, `thread.<id>` and the parent's group for its local subscribers.
     try:
-        await layer.group_send(RUNS_GROUP, batch_message(changes))
+        await asyncio.wait_for(layer.group_send(RUNS_GROUP, batch_message(changes)), SEND_TIMEOUT)
     except Exception:
         logger.warning(
             "live: publishing %s failed", ", ".join(c.run_id for c in changes), exc_info=True

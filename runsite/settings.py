@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import typing
 from pathlib import Path
 
@@ -295,6 +296,26 @@ REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
     if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
         raise ImproperlyConfigured("REDIS_URL must start with redis://, rediss:// or unix://")
+    # A Redis that vanished without a word (a dead host, a NAT that dropped an idle connection)
+    # would leave a process's subscription silent for the OS's two hours, its pages and waiters
+    # without pushes (its hub's beats unheard): TCP keepalives find it within about twice
+    # REDIS_KEEPALIVE_SECONDS, the connection is dropped and the subscription made again (then
+    # the hub resyncs). 0 leaves the OS's defaults. Not for unix:// (no TCP).
+    _redis_keepalive = env_int("REDIS_KEEPALIVE_SECONDS", 30)
+    _redis_host: dict[str, typing.Any] = {"address": REDIS_URL}
+    if _redis_keepalive and not REDIS_URL.startswith("unix://"):
+        _interval = max(1, _redis_keepalive // 3)
+        _tcp = {
+            "TCP_KEEPIDLE": _redis_keepalive,
+            "TCP_KEEPINTVL": _interval,
+            "TCP_KEEPCNT": 3,
+            "TCP_USER_TIMEOUT": (_redis_keepalive + 3 * _interval) * 1000,
+        }
+        _redis_host["socket_keepalive"] = True
+        # The options this platform has (TCP_USER_TIMEOUT is Linux's).
+        _redis_host["socket_keepalive_options"] = {
+            getattr(socket, name): value for name, value in _tcp.items() if hasattr(socket, name)
+        }
     CHANNEL_LAYERS = {
         "default": {
             # The pub/sub layer: lower fan-out latency than the core layer and no capacity
@@ -305,7 +326,7 @@ if REDIS_URL:
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
             # Redis pub/sub channels ignore the database number: without a prefix of their own,
             # two deployments (or test runs) on one Redis would hear each other's run changes.
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": _channel_prefix(REDIS_URL)},
+            "CONFIG": {"hosts": [_redis_host], "prefix": _channel_prefix(REDIS_URL)},
         }
     }
 else:

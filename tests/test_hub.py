@@ -395,3 +395,57 @@ async def test_a_change_the_layer_refused_on_the_servers_loop_is_sent_again(
         await asyncio.wait_for(waiter.event.wait(), timeout=2)
     assert tries[0] == [first.run_id]
     assert [first.run_id] in tries[1:] or [first.run_id, second.run_id] in tries[1:]
+
+
+@pytest.mark.postgres
+async def test_the_layers_redis_connections_probe_a_silent_peer() -> None:
+    """REDIS_KEEPALIVE_SECONDS (30): the subscription's socket and the publishes' probe an idle
+    peer after 30 s, three times 10 s apart, and give up on data unacknowledged for 60 s; a
+    subscription whose Redis vanished without a word is dropped and made again (the OS alone
+    would wait two hours, the hub's beats unheard all along)."""
+    import socket
+
+    layer = _redis_layer()
+    channel = await layer.new_channel()
+    await layer.send(channel, {"type": "probe"})  # through a publish connection
+    await layer.send(channel, {"type": "probe"})
+    assert (await asyncio.wait_for(layer.receive(channel), 5))["type"] == "probe"
+    # channels_redis's own objects: it offers no public way to its sockets.
+    shard = layer._shards[0]
+    connections = [shard._pubsub.connection, *shard._redis.connection_pool._available_connections]
+    assert len(connections) >= 2
+    for conn in connections:
+        sock = conn._writer.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 10
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 60_000
+
+
+async def test_a_send_a_silent_redis_never_answers_counts_as_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Redis that takes the connection and never answers (a peer gone half-open): the send
+    gives up after SEND_TIMEOUT and reports itself refused (then sent again), instead of
+    holding the publisher, or the server loop's batch, for ever."""
+    from channels_redis.pubsub import RedisPubSubChannelLayer
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(4096):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    layer = RedisPubSubChannelLayer(hosts=[{"address": f"redis://127.0.0.1:{port}"}])
+    monkeypatch.setattr(live, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr(live, "SEND_TIMEOUT", 0.2)
+    try:
+        started = time.monotonic()
+        assert await asyncio.wait_for(live._send([change(str(uuid.uuid4()))]), 5) is False
+        assert time.monotonic() - started < 2
+    finally:
+        server.close()
+        await asyncio.wait_for(layer.flush(), 5)
+        await server.wait_closed()
