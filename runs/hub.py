@@ -39,6 +39,9 @@ logger = logging.getLogger("runs.live")
 # The Redis pub/sub layer keeps a subscription until it is dropped; the core layer expires group
 # membership after a day. Re-joining now and then keeps either kind subscribed for ever.
 REJOIN_SECONDS = 600.0
+# A join Redis leaves unanswered this long (gone silent without closing the connection) fails:
+# the first is tried again by the next waiter (`start`), a re-join at the next REJOIN_SECONDS.
+JOIN_TIMEOUT = 5.0
 
 # A hub sends itself a beat this often through the channel layer. The Redis pub/sub layer loses
 # what is published while its subscription is down (after its connection drops, channels_redis
@@ -141,8 +144,7 @@ class Hub:
             self._ready.set()
             return
         try:
-            channel = await layer.new_channel()
-            await layer.group_add(live.RUNS_GROUP, channel)
+            channel = await asyncio.wait_for(self._join(layer), JOIN_TIMEOUT)
         except Exception:
             logger.warning("hub: channel layer unavailable; waiters poll", exc_info=True)
             self._failed = True
@@ -170,6 +172,12 @@ class Hub:
         finally:
             ticking.cancel()
 
+    @staticmethod
+    async def _join(layer: Any) -> str:
+        channel = await layer.new_channel()
+        await layer.group_add(live.RUNS_GROUP, channel)
+        return channel
+
     async def _tick(self, layer: Any, channel: str) -> None:
         """Beats (not on the in-memory layer, which loses nothing) and re-joins, on a timer."""
         loop = asyncio.get_running_loop()
@@ -191,8 +199,8 @@ class Hub:
                     logger.warning("hub: sending a beat failed", exc_info=True)
             if loop.time() >= rejoin_at:
                 rejoin_at = loop.time() + REJOIN_SECONDS
-                with contextlib.suppress(Exception):
-                    await layer.group_add(live.RUNS_GROUP, channel)
+                with contextlib.suppress(Exception):  # bounded: the beats must go on
+                    await asyncio.wait_for(layer.group_add(live.RUNS_GROUP, channel), JOIN_TIMEOUT)
 
     def _heard(self, n: int, sent_at: float) -> None:
         """Beat `n` came back (sent at `sent_at`): ends a gap, if there was one, with a resync."""

@@ -449,3 +449,37 @@ async def test_a_send_a_silent_redis_never_answers_counts_as_refused(
         server.close()
         await asyncio.wait_for(layer.flush(), 5)
         await server.wait_closed()
+
+
+@pytest.mark.postgres
+async def test_a_join_redis_never_answers_neither_stops_the_beats_nor_blocks_for_ever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis takes a join (a subscription) and never answers: the hub's first join gives up
+    after JOIN_TIMEOUT (the next waiter tries again), and a periodic re-join does not hold up
+    the beats that tell the hub it is deaf."""
+    layer = _redis_layer()
+    monkeypatch.setattr("runs.hub.REJOIN_SECONDS", 0.1)
+    monkeypatch.setattr("runs.hub.BEAT_SECONDS", 0.1)
+    monkeypatch.setattr("runs.hub.JOIN_TIMEOUT", 0.2)
+    real_add = layer.group_add
+    joins: list[str] = []
+    silent = True
+
+    async def add(group: str, channel: str) -> None:
+        joins.append(group)
+        if silent:
+            await asyncio.sleep(3600)
+        await real_add(group, channel)
+
+    monkeypatch.setattr(layer, "group_add", add)
+    the_hub = hub()
+    assert await asyncio.wait_for(the_hub.start(), 5) is False  # gave up, did not hang
+    silent = False
+    assert await asyncio.wait_for(the_hub.start(), 5) is True  # the next one joins
+    heard_before = the_hub._heard_n
+    silent = True  # every re-join from now on hangs
+    await asyncio.sleep(1.5)
+    assert len(joins) >= 4  # re-joins kept being tried
+    # and the beats went on between them (unbounded, the first re-join ended them)
+    assert the_hub._heard_n >= heard_before + 3
