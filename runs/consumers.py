@@ -182,8 +182,17 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         """Queue what changed since `since` (wall time), read from the database."""
         if self.closed:
             return
+        key = self.share_key()
         try:
-            changed = await database_sync_to_async(self.changed_since)(since)
+            if key is None:
+                changed = await database_sync_to_async(self.changed_since)(since)
+            else:
+                # One read for the sockets that show the same rows (their page too).
+                shown = frozenset(getattr(self, "shown", ()))
+                changed = await live_groups.read_once(
+                    ("resync", *key, shown, since),
+                    lambda: database_sync_to_async(self.changed_since)(since),
+                )
         except Exception:
             logger.exception("live: reading changes for a resync failed")
             return

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Protocol
 
 from channels.db import database_sync_to_async
@@ -117,6 +117,21 @@ async def send_frames(member: Member, frames: Frames) -> None:
 
 
 _groups: dict[Hashable, Group] = {}
+# Reads in flight that sockets of this process share (`read_once`), by what they depend on.
+_reads: dict[Hashable, asyncio.Future[Any]] = {}
+
+
+async def read_once(key: Hashable, read: Callable[[], Awaitable[Any]]) -> Any:
+    """`read()`'s result, read once for every socket that asks with the same `key` while it is
+    in flight: after a gap in the layer the hub tells every socket to resync in one call, and
+    the sockets that show the same list would each read the same changes from the database
+    (200 sockets: 200 reads at once). A failed read fails every sharer alike."""
+    pending = _reads.get(key)
+    if pending is None:
+        pending = _reads[key] = asyncio.ensure_future(read())
+        pending.add_done_callback(lambda _: _reads.pop(key, None))
+    # A sharer that goes away must not cancel the read the others wait for.
+    return await asyncio.shield(pending)
 
 
 def join(key: Hashable, interval: float, member: Member) -> Group:

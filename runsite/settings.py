@@ -53,6 +53,14 @@ def env_int(name: str, default: int, *, minimum: int = 0) -> int:
     return value
 
 
+def keepalive_timings(idle: int) -> tuple[int, int, int]:
+    """TCP keepalive timings for a peer to be declared dead about twice `idle` seconds after
+    it fell silent: (idle, probe interval, user timeout in ms). Three probes, a third of
+    `idle` apart; data unacknowledged for as long is given up on too."""
+    interval = max(1, idle // 3)
+    return idle, interval, (idle + 3 * interval) * 1000
+
+
 def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
@@ -257,8 +265,7 @@ else:
     # gives (`?keepalives_idle=…`) win.
     _keepalive = env_int("DATABASE_KEEPALIVE_SECONDS", 30)
     if _keepalive:
-        _interval = max(1, _keepalive // 3)
-        _dead_after_ms = (_keepalive + 3 * _interval) * 1000
+        _keepalive, _interval, _dead_after_ms = keepalive_timings(_keepalive)
         for _key, _value in {
             "keepalives": 1,
             "keepalives_idle": _keepalive,
@@ -304,12 +311,12 @@ if REDIS_URL:
     _redis_keepalive = env_int("REDIS_KEEPALIVE_SECONDS", 30)
     _redis_host: dict[str, typing.Any] = {"address": REDIS_URL}
     if _redis_keepalive and not REDIS_URL.startswith("unix://"):
-        _interval = max(1, _redis_keepalive // 3)
+        _redis_keepalive, _interval, _dead_after_ms = keepalive_timings(_redis_keepalive)
         _tcp = {
             "TCP_KEEPIDLE": _redis_keepalive,
             "TCP_KEEPINTVL": _interval,
             "TCP_KEEPCNT": 3,
-            "TCP_USER_TIMEOUT": (_redis_keepalive + 3 * _interval) * 1000,
+            "TCP_USER_TIMEOUT": _dead_after_ms,
         }
         _redis_host["socket_keepalive"] = True
         # The options this platform has (TCP_USER_TIMEOUT is Linux's).

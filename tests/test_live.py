@@ -204,6 +204,43 @@ async def test_a_list_told_to_resync_shows_what_changed_while_it_heard_nothing(
         await listing.disconnect()
 
 
+async def test_sockets_showing_the_same_list_share_one_read_when_told_to_resync(
+    support, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a gap every socket is told to resync at once: the sockets of a process that show
+    the same list (same view, filters, page and permissions) read what changed once between
+    them, and each still gets the rows; a socket with other filters reads for itself."""
+    from runs import live
+    from runs.hub import hub
+
+    reads: list[str] = []
+    changed_since = RunsConsumer.changed_since
+
+    def counted(self: RunsConsumer, since: float) -> list[dict[str, Any]]:
+        reads.append(self.view)
+        return changed_since(self, since)
+
+    monkeypatch.setattr(RunsConsumer, "changed_since", counted)
+    pages = []
+    for path in ["/ws/runs/?view=runs&status=pending"] * 3 + ["/ws/runs/?view=runs"]:
+        page, ok = await connect(path, support)
+        assert ok
+        pages.append(page)
+    try:
+        for page in pages:
+            assert await page.receive_nothing(timeout=0.2)
+        since = time.time()
+        monkeypatch.setattr(live, "publish", lambda change: None)  # every message lost
+        new = await db(pending_echo)()
+        hub().resync(since)
+        for page in pages:
+            await receive_until(page, lambda t: f'id="run-row-{new.id}"' in t)
+        assert len(reads) == 2  # the three alike once, the other list once
+    finally:
+        for page in pages:
+            await page.disconnect()
+
+
 async def test_a_run_page_told_to_resync_shows_its_run_as_it_is_now(
     reviewer, support, drain, monkeypatch: pytest.MonkeyPatch
 ) -> None:
