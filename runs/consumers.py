@@ -188,9 +188,8 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
                 changed = await database_sync_to_async(self.changed_since)(since)
             else:
                 # One read for the sockets that show the same rows (their page too).
-                shown = frozenset(getattr(self, "shown", ()))
                 changed = await live_groups.read_once(
-                    ("resync", *key, shown, since),
+                    ("resync", *key, self.render_state(), since),
                     lambda: database_sync_to_async(self.changed_since)(since),
                 )
         except Exception:
@@ -204,11 +203,13 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         (a run can suspend and resume within one batch: the inbox must still hear of it)."""
         run_id = str(event.get("run_id"))
         previous = self.pending.get(run_id)
-        statuses = {str(event.get("status"))} | (previous or {}).get("statuses", set())
-        if previous is None or int(event.get("seq") or 0) >= int(previous.get("seq") or 0):
-            self.pending[run_id] = {**event, "statuses": statuses}
+        status = str(event.get("status"))
+        if previous is None:
+            self.pending[run_id] = {**event, "statuses": {status}}
+        elif int(event.get("seq") or 0) >= int(previous.get("seq") or 0):
+            self.pending[run_id] = {**event, "statuses": previous["statuses"] | {status}}
         else:
-            previous["statuses"] = statuses
+            previous["statuses"].add(status)  # this socket's own set, made above
         self._schedule()
 
     def _schedule(self) -> None:
@@ -231,7 +232,12 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         return None
 
     def cache_key(self, changes: list[dict[str, Any]]) -> tuple | None:
-        """What a render depends on, when sockets of this process may share it (None: never)."""
+        """What a render depends on, when sockets of this process may share it (None: never):
+        nothing but the share key, `render_state()` and the changes."""
+        return None
+
+    def render_state(self) -> Any:
+        """What of this socket, beyond its share key, its renders depend on (the rows shown)."""
         return None
 
     def render_shared(self, changes: list[dict[str, Any]]) -> tuple[str | list[str], Any]:
@@ -309,7 +315,7 @@ class RunsConsumer(_BatchingConsumer):
             )
             self.ordering: tuple[str, ...] | None = form.ordering
             self.page = form.page_number
-            self.shown = set(self._page_ids())
+            self.shown = frozenset(self._page_ids())
         elif self.view == "runs":
             runs_form = RunFilterForm(self.params)
             self.filters = runs_form.run_filters()
@@ -319,7 +325,7 @@ class RunsConsumer(_BatchingConsumer):
             self.queryset = self.run_list.queryset
             self.ordering = self.run_list.live_ordering
             self.page = runs_form.page_number
-            self.shown = set(self._page_ids())
+            self.shown = frozenset(self._page_ids())
         else:
             raise ValueError(f"unknown view {self.view!r}")
         return [RUNS_GROUP]
@@ -401,15 +407,20 @@ class RunsConsumer(_BatchingConsumer):
         key = self.share_key()
         if key is None:
             return None
-        return (*key, frozenset(getattr(self, "shown", ())), _change_signature(changes))
+        return (*key, self.render_state(), _change_signature(changes))
+
+    def render_state(self) -> frozenset[str]:
+        # One frozenset shared by the sockets that adopted the same render: compared by
+        # identity first, hashed once.
+        return getattr(self, "shown", frozenset())
 
     def render_shared(self, changes: list[dict[str, Any]]) -> tuple[str | list[str], Any]:
         html = self.render(changes)
-        return html, set(getattr(self, "shown", ()))
+        return html, getattr(self, "shown", None)
 
     def adopt(self, state: Any) -> None:
         if state is not None and hasattr(self, "shown"):
-            self.shown = set(state)
+            self.shown = state
 
     def render(self, changes: list[dict[str, Any]]) -> str | list[str]:
         if self.view == "overview":
@@ -479,7 +490,7 @@ class RunsConsumer(_BatchingConsumer):
             start=start,
             page_size=PAGE_SIZE,
         )
-        self.shown = plan.shown
+        self.shown = frozenset(plan.shown)
         parts = []
         rows = self._rows(plan.rendered_ids) if inbox else fetched
         for step in plan.actions:

@@ -39,6 +39,8 @@ class Member(Protocol):
 
     def cache_key(self, changes: list[dict[str, Any]]) -> Hashable: ...
 
+    def render_state(self) -> Hashable: ...
+
     def render_shared(self, changes: list[dict[str, Any]]) -> tuple[Frames, Any]: ...
 
     def adopt(self, state: Any) -> None: ...
@@ -83,13 +85,21 @@ class Group:
         """Take every member's batch at once; render each distinct one once; send it to each
         member that had it."""
         batches: dict[Hashable, tuple[list[dict[str, Any]], list[Member]]] = {}
+        # The members heard the same changes in the same turn of the loop: a member whose batch
+        # and render state equal the one before it shares that one's key without computing it
+        # (a member's cache key depends on nothing else: the group's key is theirs alike).
+        before: tuple[dict[str, dict[str, Any]], Hashable, Hashable] | None = None
         for member in list(self.members):
             if not member.pending or member.blocked():
                 continue
-            changes = list(member.pending.values())
-            member.pending = {}
-            key = member.cache_key(changes)
-            batches.setdefault(key, (changes, []))[1].append(member)
+            pending, member.pending = member.pending, {}
+            state = member.render_state()
+            if before is not None and pending == before[0] and state == before[1]:
+                key = before[2]
+            else:
+                key = member.cache_key(list(pending.values()))
+                before = (pending, state, key)
+            batches.setdefault(key, (list(pending.values()), []))[1].append(member)
         for changes, members in batches.values():
             try:
                 frames, state = await database_sync_to_async(members[0].render_shared)(changes)

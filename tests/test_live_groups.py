@@ -32,6 +32,9 @@ class Member:
     def cache_key(self, changes: list[dict[str, Any]]) -> tuple:
         return (self.page, tuple(sorted(c["run_id"] for c in changes)))
 
+    def render_state(self) -> str:
+        return self.page
+
     def render_shared(self, changes: list[dict[str, Any]]) -> tuple[str, Any]:
         assert threading.current_thread() is not threading.main_thread()  # off the loop
         ids = sorted(c["run_id"] for c in changes)
@@ -75,6 +78,36 @@ async def test_members_with_the_same_batch_share_one_render_and_the_same_bytes()
     assert log == [("p1", ["r1", "r2"])]
     assert [m.received[0][1] for m in members] == ["p1:r1,r2"] * 3
     assert all(m.adopted == {"page": "p1"} for m in members)
+
+
+async def test_the_cache_key_is_computed_once_per_run_of_members_with_the_same_batch() -> None:
+    """Members heard the same changes: a member whose batch and rows shown equal the one
+    before it takes that one's key (200 sockets: not 200 keys per flush). A member that differs
+    computes its own; one after it that matches the first still shares the first's render."""
+    log: list[tuple[str, list[str]]] = []
+    group_key = key()
+    keys_computed: list[str] = []
+    members = [Member(log=log) for _ in range(4)]
+    members[2].page = "p2"
+    for member in members:
+        compute = member.cache_key
+
+        def counted(changes: list[dict[str, Any]], compute: Any = compute) -> tuple:
+            keys_computed.append("k")
+            return compute(changes)
+
+        member.cache_key = counted  # type: ignore[method-assign]
+    group = None
+    for member in members:
+        group = live_groups.join(group_key, 0.05, member)
+        member.hear("r1")
+    assert group is not None
+    group.wake()
+    await settle(group)
+    assert sorted(log) == [("p1", ["r1"]), ("p2", ["r1"])]
+    assert [m.received[0][1] for m in members] == ["p1:r1", "p1:r1", "p2:r1", "p1:r1"]
+    # Iteration order over the members is a set's: at most one key per change of state.
+    assert len(keys_computed) <= 3  # each computed its own before: 4
 
 
 async def test_a_held_member_keeps_its_batch_and_the_group_stops_until_it_is_released() -> None:
