@@ -8,6 +8,7 @@ no socket, no query (the caller passes the matching ids and a position lookup). 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -47,7 +48,7 @@ def plan_rows(
     changes: Iterable[Mapping[str, Any]],
     *,
     inbox: bool,
-    shown: set[str],
+    shown: AbstractSet[str],
     watched: set[str],
     matching: set[str],
     position: Callable[[str], int | None],
