@@ -30,7 +30,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from runs import live  # noqa: E402
+from runs import heap, live  # noqa: E402
 from runs.routing import websocket_urlpatterns  # noqa: E402
 from runsite import server_tuning, warmup  # noqa: E402
 from runsite.handlers import ApiHandler  # noqa: E402
@@ -103,3 +103,6 @@ if settings.RUNS_EMBEDDED_WORKER:
     from runs.engine.worker import start_embedded_worker
 
     _embedded_worker = start_embedded_worker()
+
+# Last: everything the process serves with is loaded (runs/heap.py).
+heap.freeze_heap()

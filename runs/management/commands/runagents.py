@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from runs import heap
 from runs.engine.worker import Worker
 
 
@@ -57,6 +58,9 @@ class Command(BaseCommand):
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, stop)
             signal.signal(signal.SIGINT, stop)
+        # The agents, the engine and Django are loaded: their objects out of the collector's
+        # way for the life of the process (runs/heap.py).
+        heap.freeze_heap()
         self.stdout.write(f"worker {worker.owner} running with concurrency {concurrency}")
         self.stdout.flush()
         worker.run_forever()
