@@ -88,6 +88,8 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         self.closed = False
         self._flush_task: asyncio.Task[None] | None = None
         self._group: live_groups.Group | None = None
+        # How it hears changes: not yet, on the hub itself, or through its group (`_schedule`).
+        self._hearing = "none"
         self.flow = False  # set by the page's first {"ack": n}
         self.frames_sent = 0
         self.frames_acked = 0
@@ -101,11 +103,15 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         except (ValueError, NotFound):
             await self.close()
             return
-        # One subscription per process (runs/hub.py), not a channel-layer group per socket.
+        # One subscription per process (runs/hub.py), not a channel-layer group per socket; a
+        # socket that shares renders hears through its group, once for all its members.
         self.hub = hub()
-        for group in groups:
-            self.hub.listen(group, self.hear)
-            self.groups_joined.append(group)
+        self.groups_joined = list(groups)
+        key = self.share_key()
+        if key is None:
+            self._listen_directly()
+        else:
+            self._listen_through(live_groups.join(key, self.batch_seconds, self))
         await self.hub.start()
         await self.accept()
         self.counted = True
@@ -123,8 +129,9 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
         if group is not None:
             live_groups.leave(group, self)
             self._group = None
-        for group in getattr(self, "groups_joined", []):
-            self.hub.unlisten(group, self.hear)
+        if getattr(self, "_hearing", "none") == "direct":
+            for name in self.groups_joined:
+                self.hub.unlisten(name, self.hear)
 
     async def send(  # type: ignore[override]  # as channels' own send overrides AsyncConsumer's
         self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False
@@ -201,30 +208,40 @@ class _BatchingConsumer(AsyncWebsocketConsumer):
     def queue(self, event: dict[str, Any]) -> None:
         """Keep the latest message per run, and every status the run went through meanwhile
         (a run can suspend and resume within one batch: the inbox must still hear of it)."""
-        run_id = str(event.get("run_id"))
-        previous = self.pending.get(run_id)
-        status = str(event.get("status"))
-        if previous is None:
-            self.pending[run_id] = {**event, "statuses": {status}}
-        elif int(event.get("seq") or 0) >= int(previous.get("seq") or 0):
-            self.pending[run_id] = {**event, "statuses": previous["statuses"] | {status}}
-        else:
-            previous["statuses"].add(status)  # this socket's own set, made above
+        live_groups.merge_change(self.pending, event)
         self._schedule()
 
     def _schedule(self) -> None:
         """Flush with the group of sockets that share renders (runs/live_groups.py), or alone."""
         key = self.share_key()
         if self._group is not None and self._group.key != key:
+            # Its renders became its own (an inbox following a decided run): it takes what the
+            # group heard for it and listens for itself.
             live_groups.leave(self._group, self)
             self._group = None
+            self._listen_directly()
         if key is None:
             if self._flush_task is None:
                 self._flush_task = asyncio.ensure_future(self._flush_later())
             return
         if self._group is None:
-            self._group = live_groups.join(key, self.batch_seconds, self)
+            self._listen_through(live_groups.join(key, self.batch_seconds, self))
+        assert self._group is not None
         self._group.wake()
+
+    def _listen_directly(self) -> None:
+        if self._hearing != "direct":
+            self._hearing = "direct"
+            for name in self.groups_joined:
+                self.hub.listen(name, self.hear)
+
+    def _listen_through(self, group: live_groups.Group) -> None:
+        self._group = group
+        group.tap(self.hub, self.groups_joined, self.visibility.allows)
+        if self._hearing == "direct":
+            for name in self.groups_joined:
+                self.hub.unlisten(name, self.hear)
+        self._hearing = "group"
 
     def share_key(self) -> tuple | None:
         """The sockets of this process that hear the same changes and render them alike (same

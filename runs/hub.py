@@ -299,6 +299,10 @@ class Hub:
     def waiting(self) -> int:
         return sum(len(w) for w in self._waiters.values())
 
+    def listening(self, group: str) -> int:
+        """How many listeners hear `group` (a list's sockets that share renders count once)."""
+        return len(self._listeners.get(group, ()))
+
 
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Hub] = weakref.WeakKeyDictionary()
 

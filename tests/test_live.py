@@ -204,6 +204,30 @@ async def test_a_list_told_to_resync_shows_what_changed_while_it_heard_nothing(
         await listing.disconnect()
 
 
+async def test_sockets_showing_the_same_list_hear_each_change_once_between_them(support) -> None:
+    """The hub hands a change once to the sockets of a process that show the same list (their
+    group), not once per socket; each socket still gets the row. A socket on another list hears
+    through a group of its own, and the group stops listening when its last socket leaves."""
+    from runs.hub import hub
+    from runs.live import RUNS_GROUP
+
+    before = hub().listening(RUNS_GROUP)
+    pages = []
+    for path in ["/ws/runs/?view=runs&status=pending"] * 3 + ["/ws/runs/?view=runs"]:
+        page, ok = await connect(path, support)
+        assert ok
+        pages.append(page)
+    try:
+        assert hub().listening(RUNS_GROUP) == before + 2
+        new = await db(pending_echo)()
+        for page in pages:
+            await receive_until(page, lambda t: f'id="run-row-{new.id}"' in t)
+    finally:
+        for page in pages:
+            await page.disconnect()
+    assert hub().listening(RUNS_GROUP) == before
+
+
 async def test_sockets_showing_the_same_list_share_one_read_when_told_to_resync(
     support, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -22,12 +22,17 @@ class Member:
         self.received: list[tuple[float, str]] = []
         self.adopted: Any = None
         self.held = False  # its page is behind on its frames (runs/consumers.py FLOW_WINDOW)
+        self.told: list[dict[str, Any]] = []
 
     def blocked(self) -> bool:
         return self.held
 
-    def hear(self, run_id: str) -> None:
-        self.pending[run_id] = {"run_id": run_id}
+    def hear(self, change: str | dict[str, Any]) -> None:
+        # A run id queued by the test itself, or what the group hands on (the hub's resync).
+        if isinstance(change, str):
+            self.pending[change] = {"run_id": change}
+        else:
+            self.told.append(change)
 
     def cache_key(self, changes: list[dict[str, Any]]) -> tuple:
         return (self.page, tuple(sorted(c["run_id"] for c in changes)))
@@ -129,6 +134,84 @@ async def test_a_held_member_keeps_its_batch_and_the_group_stops_until_it_is_rel
     group.wake()
     await settle(group)
     assert [text for _, text in held.received] == ["p1:r1,r2"] and held.pending == {}
+
+
+class Hub:
+    """The process's hub as a group meets it: listeners per group name (runs/hub.py)."""
+
+    def __init__(self) -> None:
+        self.listeners: dict[str, list[Any]] = {}
+
+    def listen(self, group: str, listener: Any) -> None:
+        self.listeners.setdefault(group, []).append(listener)
+
+    def unlisten(self, group: str, listener: Any) -> None:
+        self.listeners[group].remove(listener)
+
+    def publish(self, change: dict[str, Any]) -> None:
+        for listener in list(self.listeners.get("runs", ())):
+            listener(change)
+
+
+def change(run_id: str, seq: int, status: str = "running", resource: str = "") -> dict[str, Any]:
+    return {"run_id": run_id, "seq": seq, "status": status, "resource_id": resource}
+
+
+async def test_a_tapped_group_hears_once_for_its_members_and_renders_once_for_them() -> None:
+    log: list[tuple[str, list[str]]] = []
+    hub, group_key = Hub(), key()
+    members = [Member(log=log) for _ in range(3)]
+    for member in members:
+        group = live_groups.join(group_key, 0.05, member)
+        group.tap(hub, ["runs"], lambda resource: resource != "other-tenant")
+    assert len(hub.listeners["runs"]) == 1
+    hub.publish(change("r1", 1))
+    hub.publish(change("r1", 2, "suspended"))
+    hub.publish(change("r9", 1, resource="other-tenant"))  # outside the members' scope
+    await settle(group)
+    assert log == [("p1", ["r1"])]
+    assert [m.received[0][1] for m in members] == ["p1:r1"] * 3
+    assert group.pending == {}
+    for member in members:
+        live_groups.leave(group, member)
+    assert hub.listeners["runs"] == []  # the last member gone, the group stops listening
+
+
+async def test_a_tapped_groups_changes_wait_with_a_held_member_and_go_with_a_leaving_one() -> None:
+    log: list[tuple[str, list[str]]] = []
+    hub, group_key = Hub(), key()
+    held, free, leaving = Member(log=log), Member(log=log), Member(log=log)
+    held.held = True
+    for member in (held, free, leaving):
+        group = live_groups.join(group_key, 0.05, member)
+        group.tap(hub, ["runs"], lambda resource: True)
+    hub.publish(change("r1", 1))
+    hub.publish(change("r1", 2, "suspended"))
+    await settle(group)
+    # The held member keeps the group's batch, with every status the run went through.
+    assert held.received == [] and held.pending["r1"]["seq"] == 2
+    assert held.pending["r1"]["statuses"] == {"running", "suspended"}
+    held.held = False
+    group.wake()
+    await settle(group)
+    assert [text for _, text in held.received] == ["p1:r1"]
+    # A member that leaves before the flush takes what the group heard for it.
+    hub.publish(change("r2", 1))
+    live_groups.leave(group, leaving)
+    assert set(leaving.pending) == {"r2"}
+    await settle(group)
+    assert [text for _, text in free.received] == ["p1:r1", "p1:r2"]
+
+
+async def test_a_tapped_group_hands_the_hubs_resync_to_each_member() -> None:
+    hub, group_key = Hub(), key()
+    members = [Member() for _ in range(2)]
+    for member in members:
+        group = live_groups.join(group_key, 0.05, member)
+        group.tap(hub, ["runs"], lambda resource: True)
+    hub.publish({"resync": 12.5})
+    assert all(m.told == [{"resync": 12.5}] for m in members)
+    assert group.pending == {}
 
 
 async def test_members_whose_pages_differ_render_apart_in_the_same_flush() -> None:
