@@ -204,6 +204,16 @@ async def test_a_list_told_to_resync_shows_what_changed_while_it_heard_nothing(
         await listing.disconnect()
 
 
+async def three_alike_and_one_other(user: User) -> list[WebsocketCommunicator]:
+    """Three sockets on one list (pending runs), one on another (every run)."""
+    pages = []
+    for path in ["/ws/runs/?view=runs&status=pending"] * 3 + ["/ws/runs/?view=runs"]:
+        page, ok = await connect(path, user)
+        assert ok
+        pages.append(page)
+    return pages
+
+
 async def test_sockets_showing_the_same_list_hear_each_change_once_between_them(support) -> None:
     """The hub hands a change once to the sockets of a process that show the same list (their
     group), not once per socket; each socket still gets the row. A socket on another list hears
@@ -212,11 +222,7 @@ async def test_sockets_showing_the_same_list_hear_each_change_once_between_them(
     from runs.live import RUNS_GROUP
 
     before = hub().listening(RUNS_GROUP)
-    pages = []
-    for path in ["/ws/runs/?view=runs&status=pending"] * 3 + ["/ws/runs/?view=runs"]:
-        page, ok = await connect(path, support)
-        assert ok
-        pages.append(page)
+    pages = await three_alike_and_one_other(support)
     try:
         assert hub().listening(RUNS_GROUP) == before + 2
         new = await db(pending_echo)()
@@ -245,11 +251,7 @@ async def test_sockets_showing_the_same_list_share_one_read_when_told_to_resync(
         return changed_since(self, since)
 
     monkeypatch.setattr(RunsConsumer, "changed_since", counted)
-    pages = []
-    for path in ["/ws/runs/?view=runs&status=pending"] * 3 + ["/ws/runs/?view=runs"]:
-        page, ok = await connect(path, support)
-        assert ok
-        pages.append(page)
+    pages = await three_alike_and_one_other(support)
     try:
         for page in pages:
             assert await page.receive_nothing(timeout=0.2)
