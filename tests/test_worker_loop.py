@@ -82,6 +82,39 @@ def test_runs_queued_past_the_free_slots_are_claimed_as_runs_end(claims) -> None
     assert len(ended) == 1  # the second claim came with the first end
 
 
+@pytest.mark.postgres
+def test_a_responder_told_of_a_queued_run_claims_it_without_first_reading_the_queue(
+    claims, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runs.services import queue
+
+    looked: list[bool] = []  # each read of the queue before a claim, with what it found
+    claimable = queue._claimable
+
+    def spy(now: Any) -> bool:
+        looked.append(claimable(now))
+        return looked[-1]
+
+    monkeypatch.setattr(queue, "_claimable", spy)
+    worker = Worker(concurrency=4, listen=True, poll_seconds=60, heartbeat_seconds=60)
+    loop = start(worker)
+    try:
+        wait_for(worker.responder.is_set)
+        wait_for(lambda: len(claims) >= 1)  # the turn after it started listening
+        before = (len(claims), len(looked))
+        run = services.run_create(agent_id="echo", thread_id=None, input={"n": 1}, actor="t")
+        wait_for(lambda: Run.objects.get(id=run.id).status == RunStatus.SUCCESS)
+        wait_for(lambda: len(claims) >= before[0] + 2)  # the NOTIFY's claim, then the end's
+    finally:
+        worker.stop()
+        loop.join(10)
+    got = [n for n, _ in claims[before[0] :]]
+    assert got[:2] == [1, 0], got
+    # Told by the NOTIFY, the claim read the queue itself; the claim after the run's end (no
+    # NOTIFY: a slot came free) looked first and found nothing, without an empty claim.
+    assert looked[before[1] :][:1] == [False], looked
+
+
 # --- told of a cancel -------------------------------------------------------------------------
 
 

@@ -382,7 +382,7 @@ class Worker:
                     with self._lock:
                         noticed, self._queue_noticed = self._queue_noticed, False
                     full = self._free_slots() <= 0
-                    got = self._claim()
+                    got = self._claim(told=noticed)
                     if noticed and (got or full) and self.responder.is_set():
                         self._pass_on()
                 except Exception:
@@ -440,12 +440,13 @@ class Worker:
         with self._lock:
             return self.concurrency - len(self._active)
 
-    def _claim(self) -> bool:
-        """Claim up to the free slots; True when it filled them all (more may be waiting)."""
+    def _claim(self, *, told: bool = False) -> bool:
+        """Claim up to the free slots; True when it filled them all (more may be waiting).
+        `told`: a queued run's NOTIFY came since the last claim (`services.run_claim`)."""
         free = self._free_slots()
         if free <= 0:
             return False
-        claimed = services.run_claim(owner=self.owner, limit=free)
+        claimed = services.run_claim(owner=self.owner, limit=free, told=told)
         for c in claimed:
             control = RunControl()
             active = _Active(lease=c.lease, control=control)
