@@ -1,8 +1,11 @@
-"""Django's PostgreSQL backend, its pool a `LifoConnectionPool` (runsite/dbpool.py).
+"""Django's PostgreSQL backend, its pool a `LifoConnectionPool` (runsite/dbpool.py) of
+`LazyBeginConnection`s (runsite/postgres/lazy_begin.py: a transaction's BEGIN goes with its
+first statement).
 
 Django builds its pool from `psycopg_pool.ConnectionPool` with no way to name another class; this
 backend builds the same pool (the same connection parameters, `configure` hook and options) from
-the subclass, then leaves everything else to Django.
+the subclass, then leaves everything else to Django but how a pooled connection opens a
+transaction.
 """
 
 from __future__ import annotations
@@ -12,9 +15,13 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.base.base import NO_DB_ALIAS
 from django.db.backends.postgresql import base
+from django.db.backends.postgresql.psycopg_any import register_tzloader
+from django.utils.asyncio import async_unsafe
+from psycopg.pq import Format
 from psycopg_pool import ConnectionPool
 
 from runsite.dbpool import LifoConnectionPool
+from runsite.postgres.lazy_begin import LazyBeginConnection, ServerBindingCursor
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
@@ -39,6 +46,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
             connect_kwargs["autocommit"] = True  # as Django's: it sets autocommit itself later
             pool = self.pool_class(
                 kwargs=connect_kwargs,
+                connection_class=LazyBeginConnection,
                 open=False,  # opened on first use, as Django's
                 configure=self._configure_connection,  # type: ignore[attr-defined]
                 **options,
@@ -46,3 +54,38 @@ class DatabaseWrapper(base.DatabaseWrapper):
             # Threads racing here each build one; the first stored wins (none is open yet).
             pools.setdefault(self.alias, pool)
         return pools[self.alias]
+
+    def get_connection_params(self) -> dict[str, Any]:
+        params = super().get_connection_params()
+        if params.get("cursor_factory") is base.ServerBindingCursor:
+            params["cursor_factory"] = ServerBindingCursor
+        return params
+
+    def _set_autocommit(self, autocommit: bool) -> None:
+        conn = self.connection
+        if not isinstance(conn, LazyBeginConnection):
+            super()._set_autocommit(autocommit)  # type: ignore[misc]
+            return
+        # psycopg stays in autocommit mode; a transaction is begun by its first statement.
+        conn.begin_pending = not autocommit
+
+    @async_unsafe
+    def create_cursor(self, name: str | None = None) -> Any:
+        if name and isinstance(self.connection, LazyBeginConnection):
+            # Django makes a named cursor holdable when psycopg's autocommit is on, which
+            # here it always is: hold it only outside a transaction, as Django means to.
+            return self._named_cursor(name)
+        return super().create_cursor(name)
+
+    def _named_cursor(self, name: str) -> Any:
+        withhold = self.get_autocommit()
+        if self.settings_dict["OPTIONS"].get("server_side_binding") is not True:
+            cursor = base.ServerSideCursor(  # type: ignore[call-arg]
+                self.connection, name=name, scrollable=False, withhold=withhold
+            )
+        else:
+            cursor = self.connection.cursor(name, scrollable=False, withhold=withhold)
+        tzloader = self.connection.adapters.get_loader(base.TIMESTAMPTZ_OID, Format.TEXT)
+        if self.timezone != tzloader.timezone:
+            register_tzloader(self.timezone, cursor)
+        return cursor
