@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, ProgrammingError, connection, transaction
 
 from runs.engine.worker import listen_conninfo
 from runs.models import Thread
@@ -131,3 +131,13 @@ def test_a_named_cursor_is_held_only_outside_a_transaction() -> None:
     next(rows)
     assert holdable() == [True]
     assert len(list(rows)) == 2
+
+
+def test_autocommit_cannot_be_switched_inside_an_open_transaction() -> None:
+    thread = Thread.objects.create(metadata={})
+    with transaction.atomic():
+        Thread.objects.filter(id=thread.id).update(metadata={"open": True})
+        with pytest.raises(ProgrammingError, match="in transaction status INTRANS"):
+            connection._set_autocommit(True)  # Django's public one refuses in atomic first
+        # The transaction is untouched: it still commits what it wrote.
+    assert Thread.objects.get(id=thread.id).metadata == {"open": True}

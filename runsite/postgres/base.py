@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db.backends.base.base import NO_DB_ALIAS
 from django.db.backends.postgresql import base
 from django.db.backends.postgresql.psycopg_any import register_tzloader
 from django.utils.asyncio import async_unsafe
-from psycopg.pq import Format
+from psycopg.pq import Format, TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from runsite.dbpool import LifoConnectionPool
@@ -67,6 +68,13 @@ class DatabaseWrapper(base.DatabaseWrapper):
             super()._set_autocommit(autocommit)  # type: ignore[misc]
             return
         # psycopg stays in autocommit mode; a transaction is begun by its first statement.
+        # Refused inside an open transaction, as psycopg refuses to switch there.
+        status = TransactionStatus(conn.pgconn.transaction_status)
+        if status != TransactionStatus.IDLE:
+            with self.wrap_database_errors:
+                raise psycopg.ProgrammingError(
+                    f"can't change 'autocommit' now: connection in transaction status {status.name}"
+                )
         conn.begin_pending = not autocommit
 
     @async_unsafe
