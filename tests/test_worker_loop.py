@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -84,35 +85,49 @@ def test_runs_queued_past_the_free_slots_are_claimed_as_runs_end(claims) -> None
 
 @pytest.mark.postgres
 def test_a_responder_told_of_a_queued_run_claims_it_without_first_reading_the_queue(
-    claims, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from runs.engine import wakeup
     from runs.services import queue
 
-    looked: list[bool] = []  # each read of the queue before a claim, with what it found
+    # Only the NOTIFY wakes it: no in-process poke after the commit (a worker in a process of
+    # its own gets none), which could come first and make the claim an ordinary one.
+    monkeypatch.setattr(wakeup, "register", lambda listener: None)
+    looks: list[bool] = []  # each read of the queue before a claim, with what it found
     claimable = queue._claimable
 
-    def spy(now: Any) -> bool:
-        looked.append(claimable(now))
-        return looked[-1]
+    def look(now: Any) -> bool:
+        looks.append(claimable(now))
+        return looks[-1]
 
-    monkeypatch.setattr(queue, "_claimable", spy)
+    made: list[tuple[int, list[bool]]] = []  # each claim: runs it got, the reads it made first
+    claim = services.run_claim
+
+    def spy(**kwargs: Any) -> list[services.ClaimedRun]:
+        before = len(looks)
+        got = claim(**kwargs)
+        made.append((len(got), looks[before:]))
+        return got
+
+    monkeypatch.setattr(queue, "_claimable", look)
+    monkeypatch.setattr(services, "run_claim", spy)
     worker = Worker(concurrency=4, listen=True, poll_seconds=60, heartbeat_seconds=60)
     loop = start(worker)
     try:
         wait_for(worker.responder.is_set)
-        wait_for(lambda: len(claims) >= 1)  # the turn after it started listening
-        before = (len(claims), len(looked))
+        time.sleep(0.3)  # the turns its start and the responder's lock made are behind it
+        wait_for(lambda: worker._waiting and not worker._wake.is_set())
         run = services.run_create(agent_id="echo", thread_id=None, input={"n": 1}, actor="t")
         wait_for(lambda: Run.objects.get(id=run.id).status == RunStatus.SUCCESS)
-        wait_for(lambda: len(claims) >= before[0] + 2)  # the NOTIFY's claim, then the end's
+        wait_for(lambda: made[-1][0] == 0 and any(n == 1 for n, _ in made))
     finally:
         worker.stop()
         loop.join(10)
-    got = [n for n, _ in claims[before[0] :]]
-    assert got[:2] == [1, 0], got
+    told = next(i for i, (n, _) in enumerate(made) if n == 1)
     # Told by the NOTIFY, the claim read the queue itself; the claim after the run's end (no
     # NOTIFY: a slot came free) looked first and found nothing, without an empty claim.
-    assert looked[before[1] :][:1] == [False], looked
+    assert made[told] == (1, []), made
+    assert made[told + 1] == (0, [False]), made
 
 
 # --- told of a cancel -------------------------------------------------------------------------
