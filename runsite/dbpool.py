@@ -51,6 +51,11 @@ def check_pooled_connection(conn: psycopg.Connection[typing.Any]) -> None:
 
     if conn.closed or conn.broken:
         raise OperationalError("the connection is closed")
+    # A transaction marked but never begun when the connection came back (runsite/postgres/
+    # lazy_begin.py: Django closed it inside `atomic`) is not the next borrower's: the check's
+    # own query below must not begin it.
+    if getattr(conn, "begin_pending", False):
+        conn.begin_pending = False  # type: ignore[attr-defined]
     if conn.info.transaction_status == TransactionStatus.IDLE and not _has_input(conn):
         return
     ConnectionPool.check_connection(conn)

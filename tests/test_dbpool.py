@@ -13,6 +13,7 @@ from django.db import connection
 from psycopg_pool import ConnectionPool
 
 from runsite.dbpool import LifoConnectionPool, check_pooled_connection
+from runsite.postgres.lazy_begin import LazyBeginConnection
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -65,6 +66,22 @@ def test_it_asks_the_server_when_something_waits_on_the_socket() -> None:
         assert poller.poll(5000)
         check_pooled_connection(conn)  # a healthy connection: the round trip passes
         assert _last_query(conn.info.backend_pid) == ""
+
+
+def test_its_round_trip_never_begins_a_transaction_left_marked_on_the_connection() -> None:
+    with LazyBeginConnection.connect(autocommit=True, **_conninfo()) as conn:
+        conn.begin_pending = True  # Django closed it inside `atomic` before any statement
+        conn.execute("LISTEN runsite_dbpool_test")  # (this statement began and ended one)
+        conn.commit()
+        conn.begin_pending = True
+        with psycopg.connect(autocommit=True, **_conninfo()) as other:
+            other.execute("NOTIFY runsite_dbpool_test")
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        assert poller.poll(5000)
+        check_pooled_connection(conn)  # something waits: it asks the server
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert not conn.begin_pending
 
 
 def test_it_refuses_a_connection_left_inside_a_transaction() -> None:
