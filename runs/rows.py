@@ -326,7 +326,12 @@ def _by_parameters(
 
 
 def write_together(
-    writes: Sequence[tuple[str, list[Any]]], select: str, params: Sequence[Any], alias: str
+    writes: Sequence[tuple[str, list[Any]]],
+    select: str,
+    params: Sequence[Any],
+    alias: str,
+    *,
+    commit: bool = False,
 ) -> tuple[Any, ...] | None:
     """Execute the data-changing statements `writes`, then `select`; return select's row.
 
@@ -339,7 +344,11 @@ def write_together(
     after another they see each other. Write `select` so that it reads the same either way
     (e.g. leave rows the writes add or change out of its conditions explicitly). Foreign keys
     between rows inserted by different parts are checked at the end of the statement, so a run
-    and its events may be inserted together."""
+    and its events may be inserted together.
+
+    `commit`: the statement ends its transaction (nothing runs in it after this, and nothing
+    after it may raise to roll it back): on PostgreSQL, in the outermost `atomic` block, its
+    COMMIT goes in the same round trip (`commits_with_statement`)."""
     connection = connections[alias]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql" and writes:
@@ -361,6 +370,7 @@ def write_together(
                 cursor,
                 f"WITH {parts} {select}",
                 [p for _, ps in groups[-1] for p in ps] + list(params),
+                commit=commit and commits_with_statement(connection),
             )
         else:
             for sql, write_params in writes:
@@ -391,8 +401,39 @@ def numbered(sql: str) -> str:
     return _PLACEHOLDER.sub(number, sql)
 
 
+def commits_with_statement(connection: Any) -> bool:
+    """Whether a transaction's COMMIT may be sent with its last statement, in one round trip: on
+    a Runsite PostgreSQL connection (runsite/postgres/lazy_begin.py, `queue_commit`), inside
+    Django's outermost `atomic` block (no savepoint: a nested block's end is not the
+    transaction's), not marked for rollback, with no pipeline of the caller's open, and not
+    while Django logs queries (DEBUG, or a test counting statements: its plain path)."""
+    pg = connection.connection
+    return (
+        hasattr(pg, "queue_commit")
+        and connection.in_atomic_block
+        and not connection.savepoint_ids
+        and not connection.needs_rollback
+        and pg._pipeline is None
+        and not connection.queries_logged
+    )
+
+
+def execute_last(connection: Any, cursor: Any, sql: str, params: Any) -> None:
+    """`cursor.execute(sql, params)` for the statement that ends its transaction: with its
+    COMMIT in the same round trip where `commits_with_statement` allows (the same rule as
+    `write_together(commit=True)`: nothing may run in the transaction after it, nor raise to
+    roll it back). Its rows are read from `cursor` afterwards, as usual."""
+    if not commits_with_statement(connection):
+        cursor.execute(sql, params)
+        return
+    pg = connection.connection
+    with connection.wrap_database_errors, pg.pipeline():
+        cursor.execute(sql, params)
+        pg.queue_commit()
+
+
 def _fetch_numbered(
-    connection: Any, cursor: Any, sql: str, params: list[Any]
+    connection: Any, cursor: Any, sql: str, params: list[Any], *, commit: bool = False
 ) -> tuple[Any, ...] | None:
     """Execute `sql` (`%s` placeholders) on PostgreSQL and return its first row.
 
@@ -408,17 +449,20 @@ def _fetch_numbered(
         cursor.execute(sql, params)
         row = cursor.fetchone()
         return tuple(row) if row is not None else None
-    rows, _ = _rows_numbered(connection, sql, params)
+    rows, _ = _rows_numbered(connection, sql, params, commit=commit)
     return tuple(rows[0]) if rows else None
 
 
-def _rows_numbered(connection: Any, sql: str, params: Any) -> tuple[list[Any], tuple[str, ...]]:
+def _rows_numbered(
+    connection: Any, sql: str, params: Any, *, commit: bool = False
+) -> tuple[list[Any], tuple[str, ...]]:
     """The rows of `sql` (`%s` placeholders, sent numbered through psycopg's RawCursor and
-    planned once per connection) and the names of its columns, on a connection that is open."""
+    planned once per connection) and the names of its columns, on a connection that is open.
+    `commit`: its transaction's COMMIT goes with it (`commits_with_statement` said it may)."""
     raw = psycopg.RawCursor(connection.connection)
     try:
         with connection.wrap_database_errors:
-            _execute_planned_once(raw, numbered(sql), params)
+            _execute_planned_once(raw, numbered(sql), params, commit=commit)
             rows = raw.fetchall()
             names = tuple(column.name for column in raw.description or ())
     finally:
@@ -431,7 +475,7 @@ _GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 _PLANS_AS_BEFORE = "RESET plan_cache_mode"
 
 
-def _execute_planned_once(raw: Any, sql: str, params: Any) -> None:
+def _execute_planned_once(raw: Any, sql: str, params: Any, *, commit: bool = False) -> None:
     """Execute `sql` on the RawCursor `raw`, planned once per connection, in one round trip.
 
     PostgreSQL plans a prepared statement for its values (a custom plan) on its first five
@@ -450,3 +494,5 @@ def _execute_planned_once(raw: Any, sql: str, params: Any) -> None:
         conn.execute(_GENERIC_PLANS)
         raw.execute(sql, params)
         conn.execute(_PLANS_AS_BEFORE)
+        if commit:
+            conn.queue_commit()  # (runsite/postgres/lazy_begin.py)

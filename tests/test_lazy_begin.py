@@ -141,3 +141,179 @@ def test_autocommit_cannot_be_switched_inside_an_open_transaction() -> None:
             connection._set_autocommit(True)  # Django's public one refuses in atomic first
         # The transaction is untouched: it still commits what it wrote.
     assert Thread.objects.get(id=thread.id).metadata == {"open": True}
+
+
+# A transaction's COMMIT with its last statement (`queue_commit`, rows.write_together(commit=True),
+# rows.execute_last).
+
+
+def _write_thread_metadata(thread_id: Any, metadata: str) -> tuple[str, list[Any]]:
+    return ("UPDATE runs_thread SET metadata = %s::jsonb WHERE id = %s", [metadata, thread_id])
+
+
+def test_a_transactions_last_write_carries_its_commit() -> None:
+    from runs.rows import write_together
+
+    thread = Thread.objects.create(metadata={})
+    committed: list[bool] = []
+    with other_connection() as other, traced() as sent, transaction.atomic():
+        list(Thread.objects.select_for_update().filter(id=thread.id))
+        transaction.on_commit(lambda: committed.append(True))
+        row = write_together(
+            [_write_thread_metadata(thread.id, '{"last": true}')],
+            "SELECT %s",
+            ["done"],
+            connection.alias,
+            commit=True,
+        )
+        assert row == ("done",)
+        # Committed already: another connection sees it, and the lock is gone.
+        seen = other.execute("SELECT metadata FROM runs_thread WHERE id = %s", [thread.id])
+        assert seen.fetchone()[0] == {"last": True}
+        other.execute("SELECT 1 FROM runs_thread WHERE id = %s FOR UPDATE NOWAIT", [thread.id])
+        assert committed == []  # on-commit hooks still run when the block ends
+    assert committed == [True]
+    trips = round_trips(sent)
+    # BEGIN with the locking read, then the write with its COMMIT: no COMMIT of its own.
+    assert len(trips) == 2, trips
+    assert any('"COMMIT"' in m for m in trips[1]) and any("UPDATE" in m for m in trips[1])
+    assert Thread.objects.get(id=thread.id).metadata == {"last": True}
+
+
+def test_nothing_runs_in_a_transaction_after_its_commit_went_with_a_statement() -> None:
+    from runs.rows import write_together
+
+    thread = Thread.objects.create(metadata={})
+    refused = pytest.raises(ProgrammingError, match="committed with its last statement")
+    with refused, transaction.atomic():
+        write_together(
+            [_write_thread_metadata(thread.id, '{"a": 1}')],
+            "SELECT 1",
+            [],
+            connection.alias,
+            commit=True,
+        )
+        # Would run outside any transaction: refused instead.
+        Thread.objects.filter(id=thread.id).update(metadata={"b": 2})
+    assert Thread.objects.get(id=thread.id).metadata == {"a": 1}  # the committed write
+    with transaction.atomic():  # the connection goes on as usual
+        Thread.objects.filter(id=thread.id).update(metadata={"c": 3})
+    assert Thread.objects.get(id=thread.id).metadata == {"c": 3}
+
+
+def test_a_last_write_that_fails_commits_nothing_of_its_transaction() -> None:
+    from runs.rows import insert_statements, write_together
+
+    kept = Thread.objects.create(metadata={})
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Thread.objects.filter(id=kept.id).update(metadata={"earlier": True})
+        write_together(
+            insert_statements([Thread(id=kept.id, metadata={})]),  # a duplicate key
+            "SELECT 1",
+            [],
+            connection.alias,
+            commit=True,
+        )
+    assert Thread.objects.get(id=kept.id).metadata == {}
+    with transaction.atomic():
+        Thread.objects.filter(id=kept.id).update(metadata={"after": True})
+    assert Thread.objects.get(id=kept.id).metadata == {"after": True}
+
+
+def test_a_deferred_constraint_failing_at_the_commit_raises_from_the_write() -> None:
+    import uuid
+
+    from runs.models import RunEvent
+    from runs.rows import insert_statements, write_together
+
+    thread = Thread.objects.create(metadata={})
+    orphan = RunEvent(run_id=uuid.uuid4(), seq=1, kind="created", data={}, actor="test")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Thread.objects.filter(id=thread.id).update(metadata={"earlier": True})
+        # The foreign key is checked at the COMMIT, which went with the write.
+        write_together(insert_statements([orphan]), "SELECT 1", [], connection.alias, commit=True)
+    assert Thread.objects.get(id=thread.id).metadata == {}
+    assert not RunEvent.objects.filter(run_id=orphan.run_id).exists()
+
+
+def test_in_a_nested_block_the_commit_waits_for_the_outermost() -> None:
+    from runs.rows import execute_last, write_together
+
+    thread = Thread.objects.create(metadata={})
+    with other_connection() as other, traced() as sent, transaction.atomic():
+        with transaction.atomic():  # a savepoint: its end is not the transaction's
+            write_together(
+                [_write_thread_metadata(thread.id, '{"nested": true}')],
+                "SELECT 1",
+                [],
+                connection.alias,
+                commit=True,
+            )
+            with connection.cursor() as cursor:
+                execute_last(
+                    connection,
+                    cursor,
+                    "SELECT metadata ->> 'nested' FROM runs_thread WHERE id = %s",
+                    [thread.id],
+                )
+                assert cursor.fetchone()[0] == "true"
+        seen = other.execute("SELECT metadata FROM runs_thread WHERE id = %s", [thread.id])
+        assert seen.fetchone()[0] == {}  # not committed yet
+        Thread.objects.filter(id=thread.id).update(values={"more": True})
+    assert round_trips(sent)[-1] == ['Query "COMMIT"']
+    found = Thread.objects.get(id=thread.id)
+    assert (found.metadata, found.values) == ({"nested": True}, {"more": True})
+
+
+def test_execute_last_sends_a_statement_with_its_commit_and_reads_its_rows() -> None:
+    from runs.rows import execute_last
+
+    thread = Thread.objects.create(metadata={})
+    with traced() as sent, transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM runs_thread WHERE id = %s FOR UPDATE", [thread.id])
+        execute_last(
+            connection,
+            cursor,
+            "UPDATE runs_thread SET metadata = %(m)s::jsonb WHERE id = %(id)s RETURNING id",
+            {"m": '{"x": 1}', "id": thread.id},
+        )
+        assert cursor.fetchone()[0] == thread.id
+    trips = round_trips(sent)
+    assert len(trips) == 2 and any('"COMMIT"' in m for m in trips[1]), trips
+    assert Thread.objects.get(id=thread.id).metadata == {"x": 1}
+
+
+@pytest.mark.usefixtures("drain")
+def test_a_runs_hot_transactions_send_no_commit_of_their_own(drain: Any) -> None:
+    """A run's create, its suspension, the decision that resumes it and a run's end each send
+    their COMMIT with their last statement (no `Query "COMMIT"` round trip of their own)."""
+    from runs import services
+    from runs.models import Run
+
+    def standalone_commits(sent: list[str]) -> int:
+        return sum(trip == ['Query "COMMIT"'] for trip in round_trips(sent))
+
+    thread = services.thread_create()
+    with traced() as sent:
+        services.run_create(
+            agent_id="refund",
+            thread_id=thread.id,
+            input={"order_id": "A1", "amount": 5},
+            actor="test",
+        )
+    assert standalone_commits(sent) == 0, round_trips(sent)  # the thread's first run
+    with traced() as sent:
+        drain()
+    run = Run.objects.get(thread_id=thread.id)
+    assert run.status == "suspended"
+    assert standalone_commits(sent) == 0, round_trips(sent)  # the claim, the suspension
+    with traced() as sent:
+        services.thread_resume(thread_id=thread.id, resume={"approved": True}, actor="test")
+    assert standalone_commits(sent) == 0, round_trips(sent)
+    drain()  # (its end writes the held outcome: a commit of its own)
+    assert Run.objects.get(id=run.id).status == "success"
+    with traced() as sent:
+        services.run_create(agent_id="echo", thread_id=thread.id, input={"x": 1}, actor="test")
+        drain()
+    assert standalone_commits(sent) == 0, round_trips(sent)  # a later run's create; its end
+    assert Run.objects.filter(thread_id=thread.id, status="success").count() == 2

@@ -264,14 +264,20 @@ def _uuid_param(value: UUID) -> Any:
     return Run._meta.pk.get_db_prep_value(value, connection)  # a 32-digit hex text on SQLite
 
 
+# `had_runs`: whether any run was ever created on the thread (none can be while it is locked).
+_LOCK_THREAD_ROW = (
+    "SELECT *, EXISTS (SELECT 1 FROM runs_run o WHERE o.thread_id = runs_thread.id) AS had_runs"
+    " FROM runs_thread WHERE id = %s"
+)
 _LOCK_THREAD_ROW_SQL = {
-    "postgresql": "SELECT * FROM runs_thread WHERE id = %s FOR NO KEY UPDATE",
-    "sqlite": "SELECT * FROM runs_thread WHERE id = %s",
+    "postgresql": f"{_LOCK_THREAD_ROW} FOR NO KEY UPDATE OF runs_thread",
+    "sqlite": _LOCK_THREAD_ROW,
 }
 
 
 def _lock_thread_row(thread_id: UUID) -> Thread | None:
-    """Lock a thread and read it in one statement (what it holds under the lock)."""
+    """Lock a thread and read it in one statement (what it holds under the lock), with
+    `had_runs` (whether it has had any run) as an attribute."""
     found = instances(Thread, _LOCK_THREAD_ROW_SQL[connection.vendor], [_uuid_param(thread_id)])
     return found[0] if found else None
 

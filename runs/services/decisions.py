@@ -686,8 +686,13 @@ def _after_deferred(run: Run, actor: Actor, writes: _Writes, waiting: Sequence[T
                 )
             )
         told, told_params = _notified_by_select(QUEUE_CHANNEL, [""])
+    # The transaction's last statement (its COMMIT with it) unless the document is refreshed.
     write_together(
-        writes.statements, f"SELECT {', '.join(told) or '1'}", told_params, connection.alias
+        writes.statements,
+        f"SELECT {', '.join(told) or '1'}",
+        told_params,
+        connection.alias,
+        commit=not writes.document,
     )
     if writes.document:
         search_refresh(run_ids=[run.id])  # edited arguments or an answer

@@ -29,7 +29,7 @@ from runs.models import (
     RunStatus,
     ThreadStatus,
 )
-from runs.rows import insert, insert_statements, write_together
+from runs.rows import execute_last, insert, insert_statements, write_together
 from runs.services.cancel import _apply_cancel
 from runs.services.core import (
     _UNSET,
@@ -166,10 +166,7 @@ WITH f AS (
            last_seq = last_seq + %(n_events)s
      WHERE id = %(run)s AND lease_owner = %(owner)s AND attempt = %(attempt)s
        AND status = 'running'
-    -- Whether the run has deliveries to write (its webhook, or a rule for its agent).
-    RETURNING last_seq, cancel_action, webhook <> '' OR EXISTS (
-        SELECT 1 FROM runs_notificationrule n WHERE n.agent_id = runs_run.agent_id AND n.active
-    ) AS announce
+    RETURNING last_seq, cancel_action
 ), steps AS (
     INSERT INTO runs_checkpoint (id, thread_id, run_id, parent_id, step, values, pending, created_at)
     SELECT x.id, %(thread)s, %(run)s, x.parent_id, x.step, x.values, x.pending, %(now)s
@@ -196,7 +193,7 @@ WITH f AS (
              THEN %(expires)s ELSE runs_thread.expires_at END
      WHERE id = %(thread)s AND EXISTS (SELECT 1 FROM f)
 )
-SELECT last_seq, cancel_action, announce FROM f
+SELECT last_seq, cancel_action FROM f
 """.format(
     # core's rules, with the run that ends here left out (it just succeeded: idle otherwise).
     status=_thread_status_sql(f"'{ThreadStatus.IDLE}'", besides=_OTHERS),
@@ -204,10 +201,13 @@ SELECT last_seq, cancel_action, announce FROM f
 )
 
 
-# The thread locked (the end takes it: thread, then run), and what the run's document is made of
-# read, in one statement; the run's row itself is locked by the end's fenced UPDATE.
+# The thread locked (the end takes it: thread, then run), what the run's document is made of and
+# whether its end has deliveries to write (its webhook, or a rule for its agent) read, in one
+# statement; the run's row itself is locked by the end's fenced UPDATE.
 _LOCK_THREAD_READ_SOURCE = """
-SELECT {source} FROM runs_thread t JOIN runs_run r ON r.thread_id = t.id
+SELECT {source}, r.webhook <> '' OR EXISTS (
+       SELECT 1 FROM runs_notificationrule n WHERE n.agent_id = r.agent_id AND n.active)
+  FROM runs_thread t JOIN runs_run r ON r.thread_id = t.id
  WHERE t.id = %s AND r.id = %s
    FOR NO KEY UPDATE OF t
 """
@@ -266,16 +266,24 @@ def _finish_success_postgres(
             found = cursor.fetchone()
             if found is None:  # the run was deleted (with its thread or by a rollback)
                 raise _lease_lost(lease)
-            source = source_of(lease.run_id, found)
-            if held.tool_calls or held.outcome:
+            *source_values, announce = found
+            source = source_of(lease.run_id, source_values)
+            held_writes = bool(held.tool_calls or held.outcome)
+            if held_writes:
                 _write_held_calls(lease, held, source)
             source.ended(output=output)
             params["document"] = source.document()
-            cursor.execute(_FINISH_SQL_POSTGRES, params)
+            if held_writes or announce:
+                # A lost lease must roll the held writes back; deliveries are written after.
+                cursor.execute(_FINISH_SQL_POSTGRES, params)
+            else:
+                # The transaction's last statement, its COMMIT with it: a lost lease (no row)
+                # wrote nothing in it.
+                execute_last(connection, cursor, _FINISH_SQL_POSTGRES, params)
             row = cursor.fetchone()
         if row is None:
             raise _lease_lost(lease)
-        if row[2]:
+        if announce:
             _announce(lease.run_id, RunStatus.SUCCESS)
         outcome = _success_body(RunStatus.SUCCESS, steps)
         _publish_fenced(lease, row[0], status=RunStatus.SUCCESS, outcome=outcome)

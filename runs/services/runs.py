@@ -231,6 +231,12 @@ def _create_queued(run: Run, created: RunEvent, thread: Thread, agent_id: str) -
     thread_sql, extra = thread_update
     thread_params = [ThreadStatus.BUSY.value, db_time, *extra, thread_id]
     notify = _notifies_in_sql()
+    # The transaction's last statement (its COMMIT with it) unless something may follow it: a
+    # refusal of a busy thread, or the thread's earlier runs' documents with its new metadata
+    # (`had_runs`, read under the thread's lock; unknown for a thread made in this transaction).
+    last = run.multitask_strategy != MultitaskStrategy.REJECT and (
+        metadata is thread.metadata or not getattr(thread, "had_runs", True)
+    )
     row = write_together(
         [
             *insert_statements([run]),
@@ -241,6 +247,7 @@ def _create_queued(run: Run, created: RunEvent, thread: Thread, agent_id: str) -
         _QUEUED_SQL + (", pg_notify(%s, %s)" if notify else ""),
         [thread_id, run_id] * _QUEUED_PAIRS + ([QUEUE_CHANNEL, ""] if notify else []),
         connection.alias,
+        commit=last,
     )
     assert row is not None  # a SELECT without FROM answers one row
     busy, had_runs = row[0], row[1]

@@ -542,7 +542,8 @@ def _park_one(lease: Lease, plan: SuspendPlan, values: JSONObject | None) -> str
         if source is not None:
             source.calls_added(created.values())
             writes.append(source.statement())
-        write_together(writes, "SELECT 1", [], connection.alias)
+        # The transaction's last statement, its COMMIT with it, unless deliveries follow.
+        write_together(writes, "SELECT 1", [], connection.alias, commit=not read[0])
         logger.info(
             "suspend run=%s agent=%s attempt=%s waiting=%s",
             lease.run_id,

@@ -62,6 +62,27 @@ class DatabaseWrapper(base.DatabaseWrapper):
             params["cursor_factory"] = ServerBindingCursor
         return params
 
+    def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
+        conn = super().get_new_connection(conn_params)
+        if isinstance(conn, LazyBeginConnection):
+            conn.committed_early = False  # (a pooled connection lent again)
+        return conn
+
+    def _commit(self) -> None:
+        # A transaction committed with its last statement (LazyBeginConnection.queue_commit):
+        # psycopg's commit finds the connection idle and sends nothing.
+        self._transaction_ended()
+        super()._commit()  # type: ignore[misc]
+
+    def _rollback(self) -> None:
+        self._transaction_ended()
+        super()._rollback()  # type: ignore[misc]
+
+    def _transaction_ended(self) -> None:
+        conn = self.connection
+        if isinstance(conn, LazyBeginConnection):
+            conn.committed_early = False
+
     def _set_autocommit(self, autocommit: bool) -> None:
         conn = self.connection
         if not isinstance(conn, LazyBeginConnection):

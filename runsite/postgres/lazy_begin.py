@@ -19,6 +19,13 @@ The pipeline carries a first statement with parameters on a server-side-binding 
 (`runs/rows.py`); any other first statement (one without parameters, which may hold several
 statements; a client-side-binding cursor's; a named cursor's DECLARE) gets its BEGIN sent alone
 first, as psycopg would.
+
+A transaction's COMMIT may likewise go with its last statement (`queue_commit`, used by
+`runs/rows.py` for the hot writes that end a transaction: a run's create, a decision, a
+suspension, a run's end): one round trip less again. Django's own commit then finds the
+connection idle and sends nothing (psycopg's `commit()` does nothing outside a transaction); its
+on-commit hooks run as before. Anything the code tries to run in the transaction after that
+statement is refused (`ProgrammingError`) instead of running outside it.
 """
 
 from __future__ import annotations
@@ -37,16 +44,35 @@ class LazyBeginConnection(psycopg.Connection[Any]):
     """A psycopg connection whose transactions begin with their first statement."""
 
     begin_pending = False
+    # The transaction was committed with its last statement (`queue_commit`); Django has not
+    # ended it yet (runsite/postgres/base.py clears this when it does).
+    committed_early = False
 
     def _start_query(self) -> PQGen[None]:
         # psycopg's hook before every statement (its own BEGIN lives here); pinned in
         # requirements.txt and tested in tests/test_lazy_begin.py.
+        if self.committed_early:
+            raise psycopg.ProgrammingError(
+                "the transaction was committed with its last statement: nothing may run in it"
+                " after that (runs.rows.write_together(commit=True))"
+            )
         if self.begin_pending and self.pgconn.transaction_status == _IDLE:
             self.begin_pending = False
             # Queued behind nothing in a pipeline (sent with the statement), else sent now.
             yield from self._exec_command(self._get_tx_start_command())
             return
         yield from super()._start_query()
+
+    def queue_commit(self) -> None:
+        """Queue the transaction's COMMIT in the open pipeline, behind its last statement: both
+        are sent at the pipeline's Sync, in one round trip. A statement before it that fails
+        aborts the pipeline, and the COMMIT is not run (the transaction is left for Django's
+        rollback); a COMMIT that fails (a deferred constraint) raises at the Sync, with the
+        transaction rolled back."""
+        if self._pipeline is None:
+            raise psycopg.ProgrammingError("queue_commit() needs an open pipeline")
+        self.execute("COMMIT")
+        self.committed_early = True
 
 
 class FirstStatementWithBegin:
