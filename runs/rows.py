@@ -411,6 +411,7 @@ def commits_with_statement(connection: Any) -> bool:
     return (
         hasattr(pg, "queue_commit")
         and connection.in_atomic_block
+        and connection.commit_on_exit  # (not inside a transaction the caller began by hand)
         and not connection.savepoint_ids
         and not connection.needs_rollback
         and pg._pipeline is None

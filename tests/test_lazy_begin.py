@@ -317,3 +317,26 @@ def test_a_runs_hot_transactions_send_no_commit_of_their_own(drain: Any) -> None
         drain()
     assert standalone_commits(sent) == 0, round_trips(sent)  # a later run's create; its end
     assert Run.objects.filter(thread_id=thread.id, status="success").count() == 2
+
+
+def test_a_transaction_begun_by_hand_keeps_its_commit() -> None:
+    from runs.rows import write_together
+
+    thread = Thread.objects.create(metadata={})
+    transaction.set_autocommit(False)
+    try:
+        with other_connection() as other:
+            with transaction.atomic():  # inside the caller's own transaction: not its end
+                write_together(
+                    [_write_thread_metadata(thread.id, '{"by": "hand"}')],
+                    "SELECT 1",
+                    [],
+                    connection.alias,
+                    commit=True,
+                )
+            seen = other.execute("SELECT metadata FROM runs_thread WHERE id = %s", [thread.id])
+            assert seen.fetchone()[0] == {}  # the caller commits, or not
+            transaction.rollback()
+    finally:
+        transaction.set_autocommit(True)
+    assert Thread.objects.get(id=thread.id).metadata == {}
