@@ -352,24 +352,14 @@ def write_together(
     connection = connections[alias]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql" and writes:
-            # A statement takes at most 65,535 parameters with server-side binding: a big
-            # write (a bulk cancel of thousands of runs) goes as several statements, which the
-            # rule above (no part depends on another) allows.
-            groups = _by_parameters(writes, MAX_PARAMETERS - len(params))
-            for group in groups[:-1]:
-                parts = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(group))
-                _fetch_numbered(
-                    connection,
-                    cursor,
-                    f"WITH {parts} SELECT 1",
-                    [p for _, ps in group for p in ps],
-                )
-            parts = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(groups[-1]))
+            *first, (last, last_params) = statements_together(writes, select, params)
+            for sql, group_params in first:
+                _fetch_numbered(connection, cursor, sql, group_params)
             return _fetch_numbered(
                 connection,
                 cursor,
-                f"WITH {parts} {select}",
-                [p for _, ps in groups[-1] for p in ps] + list(params),
+                last,
+                last_params,
                 commit=commit and commits_with_statement(connection),
             )
         else:
@@ -378,6 +368,26 @@ def write_together(
             cursor.execute(select, list(params))
         row = cursor.fetchone()
     return tuple(row) if row is not None else None
+
+
+def statements_together(
+    writes: Sequence[tuple[str, list[Any]]], select: str, params: Sequence[Any]
+) -> list[tuple[str, list[Any]]]:
+    """The PostgreSQL statements (`%s` placeholders) that `write_together` sends: `writes` as
+    the data-modifying `WITH` parts of one statement whose main query is `select`, the last
+    one. A statement takes at most 65,535 parameters with server-side binding: a big write (a
+    bulk cancel of thousands of runs) goes as several statements, which `write_together`'s
+    rule (no part depends on another) allows; each but the last selects 1."""
+    groups = _by_parameters(writes, MAX_PARAMETERS - len(params))
+    statements = []
+    for n, group in enumerate(groups, start=1):
+        parts = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(group))
+        group_params = [p for _, ps in group for p in ps]
+        if n < len(groups):
+            statements.append((f"WITH {parts} SELECT 1", group_params))
+        else:
+            statements.append((f"WITH {parts} {select}", group_params + list(params)))
+    return statements
 
 
 _PLACEHOLDER = re.compile(r"%(.|$)", re.DOTALL)
@@ -419,18 +429,38 @@ def commits_with_statement(connection: Any) -> bool:
     )
 
 
-def execute_last(connection: Any, cursor: Any, sql: str, params: Any) -> None:
+def execute_last(
+    connection: Any,
+    cursor: Any,
+    sql: str,
+    params: Any,
+    *,
+    before: Sequence[tuple[str, list[Any]]] = (),
+) -> None:
     """`cursor.execute(sql, params)` for the statement that ends its transaction: with its
     COMMIT in the same round trip where `commits_with_statement` allows (the same rule as
     `write_together(commit=True)`: nothing may run in the transaction after it, nor raise to
-    roll it back). Its rows are read from `cursor` afterwards, as usual."""
+    roll it back). Its rows are read from `cursor` afterwards, as usual.
+
+    `before`: statements (`%s` placeholders, their rows unread) that go first, in the same
+    round trip. A statement that fails stops the ones after it, COMMIT included, and raises:
+    so `sql` must fail, not merely match no row, where it must not commit what `before` wrote
+    (runs_lease_held, runs/migrations/0015)."""
     if not commits_with_statement(connection):
+        for before_sql, before_params in before:
+            cursor.execute(before_sql, before_params)
         cursor.execute(sql, params)
         return
     pg = connection.connection
-    with connection.wrap_database_errors, pg.pipeline():
-        cursor.execute(sql, params)
-        pg.queue_commit()
+    raw = psycopg.RawCursor(pg)
+    try:
+        with connection.wrap_database_errors, pg.pipeline():
+            for before_sql, before_params in before:
+                raw.execute(numbered(before_sql), before_params)
+            cursor.execute(sql, params)
+            pg.queue_commit()
+    finally:
+        raw.close()
 
 
 def _fetch_numbered(

@@ -33,9 +33,15 @@ def traced() -> Iterator[list[str]]:
         finally:
             pgconn.untrace()
             out.seek(0)
+            messages: list[list[str]] = []
             for line in out:
                 parts = line.rstrip("\n").split("\t")
-                if len(parts) >= 3 and parts[0] == "F":
+                if len(parts) >= 3 and parts[0] in ("F", "B") and parts[1].isdigit():
+                    messages.append(parts)
+                elif messages:  # a statement's text goes on over lines of its own
+                    messages[-1][-1] += "\n" + line.rstrip("\n")
+            for parts in messages:
+                if parts[0] == "F":
                     text = parts[3].strip() if len(parts) > 3 else ""
                     sent.append(f"{parts[2]} {text}".strip())
 
@@ -310,8 +316,18 @@ def test_a_runs_hot_transactions_send_no_commit_of_their_own(drain: Any) -> None
     with traced() as sent:
         services.thread_resume(thread_id=thread.id, resume={"approved": True}, actor="test")
     assert standalone_commits(sent) == 0, round_trips(sent)
-    drain()  # (its end writes the held outcome: a commit of its own)
+    with traced() as sent:
+        drain()
     assert Run.objects.get(id=run.id).status == "success"
+    assert standalone_commits(sent) == 0, round_trips(sent)  # the claim, the call's mark, the end
+    # The end: its held writes (the refund's outcome), its fenced statement and its COMMIT in
+    # one round trip.
+    # The end: its held writes (the refund's outcome), its fenced statement and, queued behind
+    # it, its COMMIT (prepared by now: a Bind, not a Query), in one round trip.
+    [end] = [trip for trip in round_trips(sent) if any("runs_lease_held" in m for m in trip)]
+    assert any('UPDATE "runs_toolcall"' in m for m in end), end
+    after_end = end[next(i for i, m in enumerate(end) if "runs_lease_held" in m) :]
+    assert sum(m.startswith("Execute") for m in after_end) == 2, end
     with traced() as sent:
         services.run_create(agent_id="echo", thread_id=thread.id, input={"x": 1}, actor="test")
         drain()

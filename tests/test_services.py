@@ -347,6 +347,44 @@ def test_a_worker_that_lost_its_lease_cannot_write() -> None:
     assert not Checkpoint.objects.filter(run=run, step=7).exists()
 
 
+def test_a_worker_that_lost_its_lease_writes_none_of_what_it_held_with_the_end() -> None:
+    """A run's end with held writes (a read-only call and its step, not written yet): on
+    PostgreSQL they go in the end's round trip, before its fenced statement; a lost lease makes
+    that statement fail and the held writes roll back with it."""
+    from runs.exceptions import LeaseLost
+
+    run = services.run_create(agent_id="echo", thread_id=None, input=1, actor="t")
+    old = claim_one("zombie")
+    expire_lease(run)
+    services.runs_reap()
+    claim_one("fresh")
+    step = services.StepWrite(uuid7(), 3, {"messages": []}, [], None)
+    held = services.HeldWrites(
+        steps=[step],
+        tool_calls=[
+            {
+                "id": uuid7(),
+                "step": 3,
+                "tool_call_id": "call_late",
+                "tool_name": "lookup_order",
+                "args": {},
+                "status": ToolCallStatus.SUCCEEDED,
+                "result": {"found": True},
+            }
+        ],
+        events=[("tool_result", {"tool_call_id": "call_late"}, "system")],
+    )
+    with pytest.raises(LeaseLost):
+        services.run_finish(lease=old.lease, status=RunStatus.SUCCESS, output={}, held=held)
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING and run.output is None
+    assert not ToolCall.objects.filter(run=run).exists()
+    assert not Checkpoint.objects.filter(id=step.id).exists()
+    assert not run.events.filter(kind="tool_result").exists()
+    # The worker's connection is usable after the failed end.
+    assert Run.objects.get(id=run.id).lease_owner == "fresh"
+
+
 # --- cancel: interrupt and rollback of pending, running, suspended --------------------------------
 
 

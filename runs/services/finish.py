@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Exists
 
 from runs.contracts import (
@@ -29,7 +30,7 @@ from runs.models import (
     RunStatus,
     ThreadStatus,
 )
-from runs.rows import execute_last, insert, insert_statements, write_together
+from runs.rows import execute_last, insert, insert_statements, statements_together
 from runs.services.cancel import _apply_cancel
 from runs.services.core import (
     _UNSET,
@@ -158,7 +159,7 @@ def _finish(
 
 # Twin of run_finish's ORM path above (fence, end the run, steps, events, thread status).
 _OTHERS = " AND o.id <> %(run)s"  # the run's own row still reads `running` in the snapshot
-_FINISH_SQL_POSTGRES = """
+_FINISH_SQL = """
 WITH f AS (
     UPDATE runs_run
        SET status = 'success', output = %(output)s::jsonb, error = NULL, finished_at = %(now)s,
@@ -193,12 +194,27 @@ WITH f AS (
              THEN %(expires)s ELSE runs_thread.expires_at END
      WHERE id = %(thread)s AND EXISTS (SELECT 1 FROM f)
 )
-SELECT last_seq, cancel_action FROM f
-""".format(
+{last}
+"""
+_FINISH_PARTS = {
     # core's rules, with the run that ends here left out (it just succeeded: idle otherwise).
-    status=_thread_status_sql(f"'{ThreadStatus.IDLE}'", besides=_OTHERS),
-    active=_thread_has_run_in("runs_thread.id", ACTIVE_STATUSES, besides=_OTHERS),
+    "status": _thread_status_sql(f"'{ThreadStatus.IDLE}'", besides=_OTHERS),
+    "active": _thread_has_run_in("runs_thread.id", ACTIVE_STATUSES, besides=_OTHERS),
+}
+# A lost lease: no row.
+_FINISH_SQL_POSTGRES = _FINISH_SQL.format(
+    last="SELECT last_seq, cancel_action FROM f", **_FINISH_PARTS
 )
+# A lost lease: the statement fails (runs_lease_held, migration 0015), and so does everything
+# queued behind it, its COMMIT too. The end with held writes: they, this and the COMMIT go in
+# one round trip, and a lost lease rolls them back.
+_FINISH_SQL_POSTGRES_OR_FAIL = _FINISH_SQL.format(
+    last="SELECT (SELECT last_seq FROM f), (SELECT cancel_action FROM f),"
+    " runs_lease_held((SELECT count(*) FROM f))",
+    **_FINISH_PARTS,
+)
+# The SQLSTATE runs_lease_held raises.
+LEASE_LOST_SQLSTATE = "RSL01"
 
 
 # The thread locked (the end takes it: thread, then run), what the run's document is made of and
@@ -213,6 +229,9 @@ SELECT {source}, r.webhook <> '' OR EXISTS (
 """
 
 
+_Param = UUID | str | int | datetime | None
+
+
 def _finish_success_postgres(
     lease: Lease,
     output: JSONValue,
@@ -221,13 +240,13 @@ def _finish_success_postgres(
     all_events: Sequence[Event],
     held: HeldWrites,
 ) -> FenceResult:
-    """The common end of a run as two statements: lock the thread (reading what the run's
+    """The common end of a run in two round trips: lock the thread (reading what the run's
     search document is made of), then one statement that fences and ends the run, writes its
-    last steps, events and document, and updates the thread. Held calls and a held outcome
-    are one statement more between the two (the end's statement checks the fence: a lost
-    lease rolls them back)."""
+    last steps, events and document, and updates the thread, with its COMMIT. Held calls and a
+    held outcome are one statement more, sent in that second round trip before the end's, which
+    then fails on a lost lease (raised as `_lease_lost`), so that they roll back."""
     now = _now()
-    params: dict[str, UUID | str | int | datetime | None] = {
+    params: dict[str, _Param] = {
         "run": lease.run_id,
         "owner": lease.owner,
         "attempt": lease.attempt,
@@ -254,40 +273,54 @@ def _finish_success_postgres(
             [{"kind": k, "data": d, "actor": a} for k, d, a in all_events], allow_nan=False
         ),
     }
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                _LOCK_THREAD_READ_SOURCE.format(source=source_columns("r")),
-                [
-                    lease.thread_id,
-                    lease.run_id,
-                ],
-            )
-            found = cursor.fetchone()
-            if found is None:  # the run was deleted (with its thread or by a rollback)
-                raise _lease_lost(lease)
-            *source_values, announce = found
-            source = source_of(lease.run_id, source_values)
-            held_writes = bool(held.tool_calls or held.outcome)
-            if held_writes:
-                _write_held_calls(lease, held, source)
-            source.ended(output=output)
-            params["document"] = source.document()
-            if held_writes or announce:
-                # A lost lease must roll the held writes back; deliveries are written after.
-                cursor.execute(_FINISH_SQL_POSTGRES, params)
-            else:
-                # The transaction's last statement, its COMMIT with it: a lost lease (no row)
-                # wrote nothing in it.
-                execute_last(connection, cursor, _FINISH_SQL_POSTGRES, params)
-            row = cursor.fetchone()
-        if row is None:
-            raise _lease_lost(lease)
-        if announce:
-            _announce(lease.run_id, RunStatus.SUCCESS)
-        outcome = _success_body(RunStatus.SUCCESS, steps)
-        _publish_fenced(lease, row[0], status=RunStatus.SUCCESS, outcome=outcome)
+    try:
+        with transaction.atomic():
+            row, announce = _end_in_transaction(lease, output, params, held)
+            if announce:
+                _announce(lease.run_id, RunStatus.SUCCESS)
+            outcome = _success_body(RunStatus.SUCCESS, steps)
+            _publish_fenced(lease, row[0], status=RunStatus.SUCCESS, outcome=outcome)
+    except DatabaseError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == LEASE_LOST_SQLSTATE:
+            raise _lease_lost(lease) from None  # (the held writes rolled back)
+        raise
     return FenceResult(last_seq=row[0], cancel_action=row[1])
+
+
+def _end_in_transaction(
+    lease: Lease, output: JSONValue, params: dict[str, _Param], held: HeldWrites
+) -> tuple[tuple[int, str | None], bool]:
+    """`_finish_success_postgres`'s statements: the end's row (last_seq, cancel_action) and
+    whether it has deliveries to announce."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _LOCK_THREAD_READ_SOURCE.format(source=source_columns("r")),
+            [lease.thread_id, lease.run_id],
+        )
+        found = cursor.fetchone()
+        if found is None:  # the run was deleted (with its thread or by a rollback)
+            raise _lease_lost(lease)
+        *source_values, announce = found
+        source = source_of(lease.run_id, source_values)
+        held_writes = _held_calls_statements(lease, held, source)
+        source.ended(output=output)
+        params["document"] = source.document()
+        # With held writes the end fails on a lost lease (their rollback); without, it finds
+        # no row, and wrote nothing.
+        end = _FINISH_SQL_POSTGRES_OR_FAIL if held_writes else _FINISH_SQL_POSTGRES
+        if announce:
+            # Its deliveries are written after it, in its transaction.
+            for sql, write_params in held_writes:
+                cursor.execute(sql, write_params)
+            cursor.execute(end, params)
+        else:
+            # The transaction's last statement, its COMMIT with it, and the held writes in the
+            # same round trip (rows.execute_last).
+            execute_last(connection, cursor, end, params, before=held_writes)
+        row = cursor.fetchone()
+    if row is None:
+        raise _lease_lost(lease)
+    return (row[0], row[1]), announce
 
 
 def _success_body(status: str, steps: Sequence[StepWrite]) -> JSONObject | None:
@@ -296,16 +329,18 @@ def _success_body(status: str, steps: Sequence[StepWrite]) -> JSONObject | None:
     return steps[-1].values if status == RunStatus.SUCCESS and steps else None
 
 
-def _write_held_calls(lease: Lease, held: HeldWrites, source: DocumentSource) -> None:
-    """A held outcome and the held calls (`HeldWrites`), in one statement; the run's document
-    source follows them."""
-    writes = []
+def _held_calls_statements(
+    lease: Lease, held: HeldWrites, source: DocumentSource
+) -> list[tuple[str, list[Any]]]:
+    """A held outcome and the held calls (`HeldWrites`) as statements to run before the end's
+    (none when nothing is held); the run's document source follows them."""
+    writes: list[tuple[str, list[Any]]] = []
     if held.outcome is not None:
         writes.append(_outcome_statement(held.outcome, source))
     created = _new_tool_calls(lease, held.steps, held.tool_calls)
     writes += insert_statements(created)
     source.calls_added(created)
-    write_together(writes, "SELECT 1", [], connection.alias)
+    return statements_together(writes, "SELECT 1", []) if writes else []
 
 
 def _fail_children(run_id: UUID, status: str) -> None:
