@@ -320,8 +320,6 @@ def test_a_runs_hot_transactions_send_no_commit_of_their_own(drain: Any) -> None
         drain()
     assert Run.objects.get(id=run.id).status == "success"
     assert standalone_commits(sent) == 0, round_trips(sent)  # the claim, the call's mark, the end
-    # The end: its held writes (the refund's outcome), its fenced statement and its COMMIT in
-    # one round trip.
     # The end: its held writes (the refund's outcome), its fenced statement and, queued behind
     # it, its COMMIT (prepared by now: a Bind, not a Query), in one round trip.
     [end] = [trip for trip in round_trips(sent) if any("runs_lease_held" in m for m in trip)]
@@ -333,6 +331,38 @@ def test_a_runs_hot_transactions_send_no_commit_of_their_own(drain: Any) -> None
         drain()
     assert standalone_commits(sent) == 0, round_trips(sent)  # a later run's create; its end
     assert Run.objects.filter(thread_id=thread.id, status="success").count() == 2
+
+
+@pytest.mark.parametrize("action", ["interrupt", "rollback"])
+def test_a_bulk_cancel_takes_two_round_trips(action: str) -> None:
+    """A bulk cancel of running runs on their threads: the runs the call selects, their threads'
+    locks and theirs, read, with the BEGIN in one round trip; their end (or deletion), events,
+    audit entries, threads and the workers' notices with the COMMIT in the other."""
+    from runs import services
+
+    threads = [services.thread_create() for _ in range(3)]
+    for thread in threads:
+        services.run_create(agent_id="slow", thread_id=thread.id, input={"steps": 5}, actor="t")
+    assert len(services.run_claim(owner="w", limit=3)) == 3
+    with traced() as sent:
+        result = services.runs_cancel_many(action=action, actor="t", status="running")
+    assert result.count == 3
+    trips = round_trips(sent)
+    assert len(trips) == 2, trips
+    lock, write = trips
+    assert any("BEGIN" in m for m in lock), lock
+    assert any("FOR NO KEY UPDATE" in m and "runs_thread" in m for m in lock), lock
+    # The write, then (prepared by now: Binds without text) its plan's reset and the COMMIT:
+    # no round trip of its own for the COMMIT, yet committed (another connection sees it).
+    at = next(i for i, m in enumerate(write) if "WITH w0 AS" in m)
+    assert sum(m.startswith("Execute") for m in write[at:]) == 3, write
+    assert connection.in_atomic_block is False
+    with other_connection() as other:
+        ids = [str(t.id) for t in threads]
+        left = other.execute(
+            "SELECT status FROM runs_run WHERE thread_id = ANY(%s::uuid[])", [ids]
+        ).fetchall()
+    assert [row[0] for row in left] == ([] if action == "rollback" else ["interrupted"] * 3)
 
 
 def test_a_transaction_begun_by_hand_keeps_its_commit() -> None:

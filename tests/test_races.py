@@ -347,3 +347,27 @@ def test_a_resume_reads_the_calls_a_transaction_added_while_it_waited(
     assert other.committed_before()
     assert refused.value.code == "tool_call_required"
     assert len(refused.value.extra["pending_tool_call_ids"]) == 3
+
+
+def test_a_bulk_cancel_waiting_for_a_run_reads_what_the_lock_holder_committed(support) -> None:
+    """A bulk cancel locks its runs in one statement (`_lock_selected_runs`) whose snapshot is
+    older than a lock it waited for. A transaction that held a run's lock and started a
+    sub-agent run under it committed both: the snapshot does not see the child, so the bulk
+    cancel must read the run again under its lock, and interrupt the child with its parent."""
+    from django.utils import timezone
+
+    run = services.run_create(
+        agent_id="slow", thread_id=services.thread_create().id, input={"steps": 5}, actor="t"
+    )
+    services.run_claim(owner="w", limit=1)
+
+    def start_child() -> None:
+        Run.objects.filter(id=run.id).update(updated_at=timezone.now())  # the run's lock
+        Run.objects.create(agent_id="echo", parent_run=run, status=RunStatus.RUNNING)
+
+    holder = _Holding(start_child)
+    result = services.runs_cancel_many(action="interrupt", actor=support, status="running")
+    assert holder.committed_before()  # the bulk cancel waited for the lock
+    assert result.interrupted == [run.id]
+    assert Run.objects.get(id=run.id).status == RunStatus.INTERRUPTED
+    assert Run.objects.get(parent_run=run).status == RunStatus.INTERRUPTED

@@ -724,10 +724,10 @@ def test_it_cancels_many_running_runs_in_a_few_statements(
     claimed = services.run_claim(owner="w1", limit=12)
     assert len(claimed) == 12
     # The same handful of statements for 12 runs as for 1 (a sweep of runaway runs): on
-    # PostgreSQL the runs read, their threads locked, the runs locked, then one statement (the
+    # PostgreSQL one that reads the runs and locks their threads, then them, and one more (the
     # runs' end, or their DELETE, which takes their rows in every table with them by ON DELETE;
     # events, audit entries, threads, the workers' notices), within a savepoint here.
-    with django_assert_max_num_queries(6 if connection.vendor == "postgresql" else 10):
+    with django_assert_max_num_queries(4 if connection.vendor == "postgresql" else 10):
         result = services.runs_cancel_many(
             action=action, actor=support, status="running", reason="sweep"
         )

@@ -42,8 +42,7 @@ from runs.services.core import (
     _insert_events,
     _is_postgres,
     _lock_run,
-    _lock_runs,
-    _lock_threads,
+    _lock_selected_runs,
     _notified_by_select,
     _notifies_in_sql,
     _notify,
@@ -564,18 +563,16 @@ def runs_cancel_many(
         qs = qs.filter(resource_id=pinned_resource_id)
 
     result = BulkCancelResult()
-    targets = list(qs.order_by("thread_id", "id").values_list("id", "thread_id"))
     with transaction.atomic():
-        # Threads, then runs, each locked in id order in one statement (the documented order).
-        _lock_threads(sorted({t for _, t in targets if t is not None}))
-        runs = _lock_runs([r for r, _ in targets])
+        # Threads, then runs, each in id order (the documented order), in one statement.
+        runs = _lock_selected_runs(qs)
         # All of them in a few statements whatever their number (a sweep of hundreds of
         # runaway runs must not take a round trip each).
         if action == CancelAction.ROLLBACK:
-            _rollback_many(runs, actor=actor, reason=reason)
+            _rollback_many(runs, actor=actor, reason=reason, ends_transaction=True)
             result.deleted.extend(r.id for r in runs)
         else:
-            _interrupt_many(runs, actor=actor, reason=reason)
+            _interrupt_many(runs, actor=actor, reason=reason, ends_transaction=True)
             result.interrupted.extend(r.id for r in runs)
     return result
 
@@ -612,10 +609,16 @@ _INTERRUPT_MANY_SQL = (
 )
 
 
-def _interrupt_many(runs: Sequence[Run], *, actor: Actor, reason: str) -> None:
+def _interrupt_many(
+    runs: Sequence[Run], *, actor: Actor, reason: str, ends_transaction: bool = False
+) -> None:
     """`_apply_cancel(action=interrupt)` for many top-level runs (locked, active) at once: the
     runs, their events and audit entries, their threads and the workers' notices in one
-    statement on PostgreSQL (`rows.write_together`), whatever their number."""
+    statement on PostgreSQL (`rows.write_together`), whatever their number.
+
+    `ends_transaction`: the caller runs nothing in the transaction after this; then, where no
+    run has sub-agent runs in flight, notification rules or a webhook (whose cancels and
+    deliveries follow the statement), its COMMIT goes in the same round trip."""
     if not runs:
         return
     audits, (told, told_params) = _bulk_cancelled(
@@ -649,6 +652,7 @@ def _interrupt_many(runs: Sequence[Run], *, actor: Actor, reason: str) -> None:
         f"SELECT {', '.join(told) or '1'}",
         told_params,
         connection.alias,
+        commit=ends_transaction and not any(_writes_after_end(r) for r in runs),
     )
     if any(getattr(r, "has_children", True) for r in runs):
         for child in Run.objects.filter(
@@ -663,6 +667,16 @@ def _interrupt_many(runs: Sequence[Run], *, actor: Actor, reason: str) -> None:
     logger.info("cancel %d runs action=interrupt by=%s", len(runs), name)
 
 
+def _writes_after_end(run: Run) -> bool:
+    """Whether `_interrupt_many` writes more for this run after its statement: the cancels of
+    its sub-agent runs in flight, or the deliveries of its rules and webhook (`_announce`)."""
+    return (
+        getattr(run, "has_children", True) is not False
+        or getattr(run, "has_rules", True) is not False
+        or bool(run.webhook)
+    )
+
+
 def _threads_of(runs: Sequence[Run], **refresh: Any) -> list[tuple[str, list[Any]]]:
     """The statement refreshing the threads of runs this statement ends (none without one)."""
     thread_ids = sorted({r.thread_id for r in runs if r.thread_id is not None})
@@ -671,10 +685,13 @@ def _threads_of(runs: Sequence[Run], **refresh: Any) -> list[tuple[str, list[Any
     return [_refresh_threads_statement(thread_ids, ending=[r.id for r in runs], **refresh)]
 
 
-def _rollback_many(runs: Sequence[Run], *, actor: Actor, reason: str) -> None:
+def _rollback_many(
+    runs: Sequence[Run], *, actor: Actor, reason: str, ends_transaction: bool = False
+) -> None:
     """`_apply_cancel(action=rollback)` for many top-level runs (locked, active) at once: the
     runs deleted (with their rows, ON DELETE CASCADE), their audit entries, their threads and
-    the workers' notices in one statement on PostgreSQL (`rows.write_together`)."""
+    the workers' notices in one statement on PostgreSQL (`rows.write_together`); with its
+    COMMIT in the same round trip when `ends_transaction` (the caller runs nothing after it)."""
     if not runs:
         return
     audits, (told, told_params) = _bulk_cancelled(
@@ -692,6 +709,7 @@ def _rollback_many(runs: Sequence[Run], *, actor: Actor, reason: str) -> None:
         f"SELECT {', '.join(told) or '1'}",
         told_params,
         connection.alias,
+        commit=ends_transaction,
     )
     for run in runs:
         _publish(run, status="deleted", seq=run.last_seq + 1)

@@ -338,6 +338,50 @@ def _lock_runs(run_ids: Sequence[UUID]) -> list[Run]:
     return _with_flags(instances(Run, sql, params))
 
 
+# `_lock_selected_runs`' statement: the runs a query selects (`{selected}`, its id and
+# thread_id), their threads locked in id order, then the runs in id order, read as `_lock_runs`
+# reads them. The threads' lock is a one-time condition of the runs' scan (no column of `r` in
+# it), so it is taken before any run's. `fresh`: every locked row is the version the statement's
+# snapshot sees (see `_CANCEL_AT_ONCE_HEAD` in cancel.py: a lock waited for may return a newer
+# one, whose flags the snapshot's reads would not match).
+_LOCK_SELECTED_RUNS_SQL = (
+    "WITH s AS MATERIALIZED ({selected}),"
+    " t AS MATERIALIZED (SELECT id, xmin AS row_version FROM runs_thread"
+    " WHERE id IN (SELECT thread_id FROM s) ORDER BY id FOR NO KEY UPDATE)"
+    + _LOCK_RUN_COLUMNS.replace(
+        " FROM runs_run r",
+        ", r.xmin = (SELECT v.xmin FROM runs_run v WHERE v.id = r.id)"
+        " AND NOT EXISTS (SELECT 1 FROM t JOIN runs_thread v ON v.id = t.id"
+        " WHERE v.xmin <> t.row_version) AS fresh FROM runs_run r",
+        1,
+    ).replace(
+        "r.id = %s",
+        f"r.id IN (SELECT id FROM s) AND r.status IN {_sql_in(ACTIVE_STATUSES)}"
+        " AND (SELECT count(*) FROM t) >= 0",
+    )
+    + " ORDER BY r.id FOR NO KEY UPDATE OF r"
+)
+
+
+def _lock_selected_runs(selected: QuerySet[Run]) -> list[Run]:
+    """The active ones of the runs `selected` finds, locked as `_lock_threads` then `_lock_runs`
+    lock them (threads in id order, then runs in id order) and read as `_lock_runs` reads them.
+    On PostgreSQL in one statement where no lock it waited for returned a row changed since its
+    snapshot; otherwise (and on SQLite) the runs are read again under the locks it holds.
+    Call it inside a transaction."""
+    if not _is_postgres():
+        targets = list(selected.order_by("thread_id", "id").values_list("id", "thread_id"))
+        _lock_threads(sorted({t for _, t in targets if t is not None}))
+        return _lock_runs([r for r, _ in targets])
+    query, params = selected.order_by().values("id", "thread_id").query.sql_with_params()
+    runs = _with_flags(
+        instances(Run, _LOCK_SELECTED_RUNS_SQL.replace("{selected}", query, 1), list(params))
+    )
+    if all(run.fresh for run in runs):
+        return runs
+    return _lock_runs([run.id for run in runs])  # locked already: read after the locks
+
+
 def _lock_newest_suspended_run(
     thread_id: UUID,
     *,
