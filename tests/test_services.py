@@ -347,17 +347,29 @@ def test_a_worker_that_lost_its_lease_cannot_write() -> None:
     assert not Checkpoint.objects.filter(run=run, step=7).exists()
 
 
-def test_a_worker_that_lost_its_lease_writes_none_of_what_it_held_with_the_end() -> None:
+@pytest.mark.parametrize("announced", ["", "rule", "webhook"])
+def test_a_worker_that_lost_its_lease_writes_none_of_what_it_held_with_the_end(
+    announced: str,
+) -> None:
     """A run's end with held writes (a read-only call and its step, not written yet): on
     PostgreSQL they go in the end's round trip, before its fenced statement; a lost lease makes
-    that statement fail and the held writes roll back with it."""
+    that statement fail and the held writes roll back with it. The same where deliveries (a
+    notification rule's, the run's webhook) would follow the end in its transaction: none is
+    written either."""
     from runs.exceptions import LeaseLost
+    from runs.models import Delivery, NotificationRule
 
     run = services.run_create(agent_id="echo", thread_id=None, input=1, actor="t")
+    if announced == "rule":
+        NotificationRule.objects.create(
+            name="ends", agent_id="echo", events=["success"], webhook_url="https://hooks.test/x"
+        )
+    elif announced == "webhook":
+        Run.objects.filter(id=run.id).update(webhook="https://hooks.test/run")
     old = claim_one("zombie")
     expire_lease(run)
     services.runs_reap()
-    claim_one("fresh")
+    fresh = claim_one("fresh")
     step = services.StepWrite(uuid7(), 3, {"messages": []}, [], None)
     held = services.HeldWrites(
         steps=[step],
@@ -381,8 +393,12 @@ def test_a_worker_that_lost_its_lease_writes_none_of_what_it_held_with_the_end()
     assert not ToolCall.objects.filter(run=run).exists()
     assert not Checkpoint.objects.filter(id=step.id).exists()
     assert not run.events.filter(kind="tool_result").exists()
+    assert not Delivery.objects.exists()
     # The worker's connection is usable after the failed end.
     assert Run.objects.get(id=run.id).lease_owner == "fresh"
+    if announced:  # and the end, by the lease's holder, does announce it
+        services.run_finish(lease=fresh.lease, status=RunStatus.SUCCESS, output={})
+        assert Delivery.objects.filter(run_id=run.id).count() == 1
 
 
 # --- cancel: interrupt and rollback of pending, running, suspended --------------------------------
