@@ -783,6 +783,17 @@ def test_bulk_cancel_by_ids_skips_finished_runs(drain, support) -> None:
     assert Run.objects.get(id=done.id).status == RunStatus.SUCCESS
 
 
+def test_bulk_cancel_of_no_ids_cancels_nothing(support) -> None:
+    run = services.run_create(agent_id="echo", thread_id=make_thread().id, input=1, actor="t")
+    for thread_id in (None, run.thread_id):
+        result = services.runs_cancel_many(
+            action="interrupt", actor=support, run_ids=[], thread_id=thread_id
+        )
+        assert result.count == 0
+    assert Run.objects.get(id=run.id).status == RunStatus.PENDING
+    assert not AuditEntry.objects.exists()
+
+
 def test_bulk_cancel_refuses_status_with_ids(support) -> None:
     with pytest.raises(ValidationFailed):
         services.runs_cancel_many(action="interrupt", actor=support, status="all", run_ids=[])

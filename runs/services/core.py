@@ -18,6 +18,7 @@ from typing import Any, Final, cast
 from uuid import UUID
 
 from django.conf import settings
+from django.core.exceptions import EmptyResultSet
 from django.db import connection, transaction
 from django.db.models import DateTimeField, F, Q, QuerySet
 from django.db.models.sql import UpdateQuery
@@ -373,7 +374,10 @@ def _lock_selected_runs(selected: QuerySet[Run]) -> list[Run]:
         targets = list(selected.order_by("thread_id", "id").values_list("id", "thread_id"))
         _lock_threads(sorted({t for _, t in targets if t is not None}))
         return _lock_runs([r for r, _ in targets])
-    query, params = selected.order_by().values("id", "thread_id").query.sql_with_params()
+    try:
+        query, params = selected.order_by().values("id", "thread_id").query.sql_with_params()
+    except EmptyResultSet:  # a query that can select nothing (no ids): nothing to lock
+        return []
     runs = _with_flags(
         instances(Run, _LOCK_SELECTED_RUNS_SQL.replace("{selected}", query, 1), list(params))
     )
