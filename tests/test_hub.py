@@ -201,7 +201,8 @@ def _publish_on_a_thread(change_: live.RunChange) -> str:
 @pytest.mark.postgres
 async def test_a_worker_thread_sends_its_change_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     """Over Redis, a thread without the server's loop (a worker's run, after its commit) sends
-    its change on its own loop instead of waking the publisher's thread for it."""
+    its change itself, with a blocking Redis client, instead of waking the publisher's thread
+    for it; the hubs, which listen through channels_redis, hear it."""
     layer = get_channel_layer()
     if isinstance(layer, live.InMemoryChannelLayer):
         pytest.skip("the in-memory layer is bound to one loop: the publisher's")
@@ -209,14 +210,16 @@ async def test_a_worker_thread_sends_its_change_itself(monkeypatch: pytest.Monke
     monkeypatch.setattr(live, "_inline_off_until", 0.0)
     handed: list[live.RunChange] = []
     monkeypatch.setattr(live._publisher, "submit", handed.append)
+    sender = live._blocking_sender(layer)
+    assert sender is not None  # Runsite's Redis settings: one host, named by its address
     senders: list[str] = []
-    real_send = live._send
+    real_send = sender.send
 
-    async def noting(changes: list[live.RunChange]) -> bool:
+    def noting(changes: list[live.RunChange]) -> bool:
         senders.append(threading.current_thread().name)
-        return await real_send(changes)
+        return real_send(changes)
 
-    monkeypatch.setattr(live, "_send", noting)
+    monkeypatch.setattr(sender, "send", noting)
     run_id = str(uuid.uuid4())
     async with hub().watch(run_id) as woken:
         name = await asyncio.to_thread(_publish_on_a_thread, change(run_id))
@@ -225,31 +228,81 @@ async def test_a_worker_thread_sends_its_change_itself(monkeypatch: pytest.Monke
 
 
 @pytest.mark.postgres
-async def test_a_send_that_hangs_hands_changes_to_the_publisher_for_a_while(
-    monkeypatch: pytest.MonkeyPatch,
+async def test_a_layer_on_hosts_given_otherwise_is_sent_to_on_the_threads_own_loop(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
-    """Redis unreachable: the committing thread gives up on its send after INLINE_TIMEOUT and
-    hands that change and the ones after it to the publisher's thread, so no run waits on
-    Redis twice."""
-    layer = get_channel_layer()
-    if isinstance(layer, live.InMemoryChannelLayer):
+    """A Redis named other than by one address (a host and port, several shards) gets no
+    blocking client: the committing thread sends through the layer on its own event loop."""
+    if isinstance(get_channel_layer(), live.InMemoryChannelLayer):
         pytest.skip("the in-memory layer is bound to one loop: the publisher's")
+    config = settings.CHANNEL_LAYERS["default"]["CONFIG"]
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": settings.CHANNEL_LAYERS["default"]["BACKEND"],
+            "CONFIG": {"hosts": [("127.0.0.1", 6379)], "prefix": config["prefix"]},
+        }
+    }
+    layer = get_channel_layer()
+    assert live._blocking_sender(layer) is None
+    monkeypatch.setattr(live, "_server_loop", None)
+    monkeypatch.setattr(live, "_inline_off_until", 0.0)
+    handed: list[live.RunChange] = []
+    monkeypatch.setattr(live._publisher, "submit", handed.append)
+    sent: list[str] = []
+    real_send = live._send
+
+    async def noting(changes: list[live.RunChange]) -> bool:
+        sent.append(changes[0].run_id)
+        return await real_send(changes)
+
+    monkeypatch.setattr(live, "_send", noting)
+    one = change(str(uuid.uuid4()))
+    await asyncio.to_thread(_publish_on_a_thread, one)
+    assert sent == [one.run_id] and handed == []
+
+
+@pytest.mark.postgres
+async def test_a_send_that_hangs_hands_changes_to_the_publisher_for_a_while(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """A Redis that accepts the connection and never answers: the committing thread gives up on
+    its send after INLINE_TIMEOUT and hands that change and the ones after it to the
+    publisher's thread, so no run waits on Redis twice."""
+    import socket
+
+    if isinstance(get_channel_layer(), live.InMemoryChannelLayer):
+        pytest.skip("the in-memory layer is bound to one loop: the publisher's")
+    silent = socket.create_server(("127.0.0.1", 0))
+    port = silent.getsockname()[1]
+    config = settings.CHANNEL_LAYERS["default"]["CONFIG"]
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": settings.CHANNEL_LAYERS["default"]["BACKEND"],
+            "CONFIG": {"hosts": [{"address": f"redis://127.0.0.1:{port}/0"}], "prefix": "x"},
+        }
+    }
+    assert config["hosts"] != settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"]
     monkeypatch.setattr(live, "_server_loop", None)
     monkeypatch.setattr(live, "_inline_off_until", 0.0)
     monkeypatch.setattr(live, "INLINE_TIMEOUT", 0.05)
     handed: list[live.RunChange] = []
     monkeypatch.setattr(live._publisher, "submit", handed.append)
     attempts: list[str] = []
+    sender = live._blocking_sender(get_channel_layer())
+    assert sender is not None
+    real_send = sender.send
 
-    async def hanging(changes: list[live.RunChange]) -> bool:
+    def noting(changes: list[live.RunChange]) -> bool:
         attempts.append(changes[0].run_id)
-        await asyncio.sleep(5)
-        return True
+        return real_send(changes)
 
-    monkeypatch.setattr(live, "_send", hanging)
+    monkeypatch.setattr(sender, "send", noting)
     first, second = change(str(uuid.uuid4())), change(str(uuid.uuid4()))
-    await asyncio.to_thread(_publish_on_a_thread, first)
-    await asyncio.to_thread(_publish_on_a_thread, second)
+    try:
+        await asyncio.to_thread(_publish_on_a_thread, first)
+        await asyncio.to_thread(_publish_on_a_thread, second)
+    finally:
+        silent.close()
     assert attempts == [first.run_id]  # tried once, on the committing thread
     assert handed == [first, second]
 
