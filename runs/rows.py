@@ -154,6 +154,16 @@ def _mapping(model: type[Model], names: tuple[str, ...], alias: str) -> _Mapping
     return _Mapping(positions, tuple(f.attname for f in fields), extras, tuple(converters))
 
 
+def column_names(cursor: Any) -> tuple[str, ...]:
+    """The names of the columns of a DB-API cursor's last result. A psycopg cursor's are read off
+    its result: its `description` makes an object per column (~60 µs for a run's 28, against
+    ~7 here)."""
+    result = getattr(cursor, "pgresult", None)
+    if result is None:
+        return tuple(column[0] for column in cursor.description or ())
+    return tuple(result.fname(i).decode() for i in range(result.nfields))
+
+
 def instances(  # noqa: UP047
     model: type[M], sql: str, params: Any = None, *, long: bool = False
 ) -> list[M]:
@@ -171,7 +181,7 @@ def instances(  # noqa: UP047
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
-            names = tuple(column[0] for column in cursor.description or ())
+            names = column_names(cursor.cursor)
     if not rows:
         return []
     mapping = _mapping(model, names, alias)
@@ -495,7 +505,7 @@ def _rows_numbered(
         with connection.wrap_database_errors:
             _execute_planned_once(raw, numbered(sql), params, commit=commit)
             rows = raw.fetchall()
-            names = tuple(column.name for column in raw.description or ())
+            names = column_names(raw)
     finally:
         raw.close()
     return rows, names

@@ -274,3 +274,17 @@ def test_writes_together_read_and_fail_alike_whether_or_not_queries_are_logged(l
             write_together(insert_statements([again]), "SELECT 1", [], connection.alias)
     finally:
         connection.force_debug_cursor = False
+
+
+def test_column_names_are_what_the_cursors_description_names() -> None:
+    """`rows.column_names` reads a psycopg result's names off the result itself; they are the
+    description's, aliases and repeated names included, on either database."""
+    from django.db import connection
+
+    from runs.rows import column_names
+
+    with connection.cursor() as cursor:
+        cursor.execute('SELECT 1 AS "one", 2 AS "Two", 3 AS "one", %s AS "ünï"', ["x"])
+        cursor.fetchall()
+        assert column_names(cursor.cursor) == tuple(c[0] for c in cursor.description)
+        assert column_names(cursor.cursor) == ("one", "Two", "one", "ünï")
