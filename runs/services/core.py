@@ -367,8 +367,8 @@ _LOCK_SELECTED_RUNS_SQL = (
 def _lock_selected_runs(selected: QuerySet[Run]) -> list[Run]:
     """The active ones of the runs `selected` finds, locked as `_lock_threads` then `_lock_runs`
     lock them (threads in id order, then runs in id order) and read as `_lock_runs` reads them.
-    On PostgreSQL in one statement where no lock it waited for returned a row changed since its
-    snapshot; otherwise (and on SQLite) the runs are read again under the locks it holds.
+    On PostgreSQL in one statement, whose runs are read again under the locks it holds when a
+    lock it waited for returned a row changed since its snapshot; on SQLite as those two do.
     Call it inside a transaction."""
     if not _is_postgres():
         targets = list(selected.order_by("thread_id", "id").values_list("id", "thread_id"))
