@@ -365,6 +365,33 @@ def test_a_bulk_cancel_takes_two_round_trips(action: str) -> None:
     assert [row[0] for row in left] == ([] if action == "rollback" else ["interrupted"] * 3)
 
 
+def test_a_bulk_cancel_with_deliveries_to_write_commits_after_them() -> None:
+    """A bulk cancel where a run's end is announced (a notification rule for its agent): the
+    deliveries are written after the cancel's statement, in its transaction, so its COMMIT does
+    not go with that statement; the runs and the delivery are committed together."""
+    from runs import services
+    from runs.models import Delivery, NotificationRule
+
+    NotificationRule.objects.create(
+        name="stops", agent_id="slow", events=["interrupted"], webhook_url="https://hooks.test/x"
+    )
+    threads = [services.thread_create() for _ in range(2)]
+    for thread in threads:
+        services.run_create(agent_id="slow", thread_id=thread.id, input={"steps": 5}, actor="t")
+    assert len(services.run_claim(owner="w", limit=2)) == 2
+    with traced() as sent:
+        result = services.runs_cancel_many(action="interrupt", actor="t", status="running")
+    assert result.count == 2
+    assert round_trips(sent)[-1] == ['Query "COMMIT"'], round_trips(sent)
+    with other_connection() as other:
+        ids = [str(t.id) for t in threads]
+        statuses = other.execute(
+            "SELECT status FROM runs_run WHERE thread_id = ANY(%s::uuid[])", [ids]
+        ).fetchall()
+    assert [row[0] for row in statuses] == ["interrupted"] * 2
+    assert Delivery.objects.filter(event="interrupted").count() == 2
+
+
 def test_a_transaction_begun_by_hand_keeps_its_commit() -> None:
     from runs.rows import write_together
 
