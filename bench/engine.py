@@ -66,14 +66,19 @@ def queue_echo_runs(n: int) -> None:
             c.execute("SELECT pg_notify(%s, '')", [services.QUEUE_CHANNEL])
 
 
-def bench_throughput(n: int, workers: int, concurrency: int) -> float:
-    reset()
+def bench_throughput(n: int, workers: int, concurrency: int, *, keep: bool = False) -> float:
+    """n echo runs queued at once, drained by `workers` processes. `keep`: on the table as the
+    last burst left it (its ended runs are the table's history) instead of a truncated one."""
+    if not keep:
+        reset()
+    before = Run.objects.filter(status=RunStatus.SUCCESS).count()
+    starts_before = RunEvent.objects.filter(kind="started").count()
     procs = [start_worker(concurrency) for _ in range(workers)]
     time.sleep(3)  # let them start and go idle
     t0 = time.monotonic()
     queue_echo_runs(n)
     ok = wait_until(
-        lambda: Run.objects.filter(status=RunStatus.SUCCESS).count() >= n,
+        lambda: Run.objects.filter(status=RunStatus.SUCCESS).count() >= before + n,
         timeout=600,
         interval=0.05,
     )
@@ -82,12 +87,13 @@ def bench_throughput(n: int, workers: int, concurrency: int) -> float:
         p.send_signal(signal.SIGTERM)
     for p in procs:
         p.wait(30)
-    done = Run.objects.filter(status=RunStatus.SUCCESS).count()
-    starts = RunEvent.objects.filter(kind="started").count()
+    done = Run.objects.filter(status=RunStatus.SUCCESS).count() - before
+    starts = RunEvent.objects.filter(kind="started").count() - starts_before
     rate = done / elapsed
     print(
         f"  {workers} worker process(es) x concurrency {concurrency}: {done}/{n} echo runs in "
-        f"{elapsed:.2f}s = {rate:,.0f} runs/s end to end (started events {starts}; "
+        f"{elapsed:.2f}s = {rate:,.0f} runs/s end to end, {before:,} ended runs in the table"
+        f" before (started events {starts}; "
         f"{'ok' if ok and starts == n else 'CHECK'})"
     )
     return rate
@@ -196,6 +202,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--lease", type=float, default=5.0)
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="then as many more bursts with 2 workers, each on the table the last one left",
+    )
     args = parser.parse_args()
     if connection.vendor != "postgresql":
         sys.exit("bench/engine.py needs DATABASE_URL=postgres://… (a scratch database)")
@@ -204,6 +216,8 @@ def main() -> None:
     print(f"claim throughput ({args.runs} queued echo runs):")
     for w in [int(x) for x in args.workers.split(",")]:
         bench_throughput(args.runs, w, args.concurrency)
+    for _ in range(args.history):
+        bench_throughput(args.runs, 2, args.concurrency, keep=True)
     print(f"enqueue -> claimed, idle worker: {summary(bench_wakeup(args.samples))}")
     caller, on_row = bench_cancel(30, "interrupt")
     print(f"cancel interrupt -> interrupted, seen by the caller: {summary(caller)}")
