@@ -22,10 +22,12 @@ QUIET = {"RUNS_POLL_SECONDS": "60", "RUNS_HEARTBEAT_SECONDS": "30", "RUNS_LEASE_
 
 
 def _responders() -> int:
-    """How many sessions hold the responder lock (PostgreSQL splits a bigint key in two)."""
+    """How many sessions hold the responder lock in the test's database (PostgreSQL splits a
+    bigint key in two; another Runsite on the same server holds its own)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
             " AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = %s",
             [RESPONDER_LOCK],
         )
@@ -42,7 +44,7 @@ def _following(start_worker, **kwargs) -> WorkerProcess:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle'"
-                " AND query LIKE 'SELECT pg_try_advisory_lock%%'"
+                " AND datname = current_database() AND query LIKE 'SELECT pg_try_advisory_lock%%'"
             )
             return int(cursor.fetchone()[0]) >= 1
 

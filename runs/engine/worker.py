@@ -495,6 +495,8 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 with psycopg.connect(autocommit=True, **conninfo) as conn:
+                    # Cancels of this worker's runs, and any whose worker was not known.
+                    conn.execute(f"LISTEN {services.cancel_channel(self.owner)}")
                     conn.execute(f"LISTEN {services.CANCEL_CHANNEL}")
                     conn.execute(f"LISTEN {HANDOFF_CHANNEL}")
                     backoff = 0.1
@@ -506,7 +508,7 @@ class Worker:
                         # generator's until it ends, and a busy responder hands runs on.
                         pass_on = False
                         for note in conn.notifies(timeout=1.0, stop_after=1):
-                            if note.channel == services.CANCEL_CHANNEL:
+                            if note.channel.startswith(services.CANCEL_CHANNEL):
                                 self.cancel_requested(note.payload.split(","))
                             elif note.channel == services.QUEUE_CHANNEL:
                                 pass_on = self._queued() or pass_on

@@ -51,7 +51,13 @@ from runs.services.claims import (
     tool_call_claim,
     tool_call_release,
 )
-from runs.services.core import CANCEL_CHANNEL, DEFAULT_DECLINE_TEXT, QUEUE_CHANNEL, REJECT_MESSAGE
+from runs.services.core import (
+    CANCEL_CHANNEL,
+    DEFAULT_DECLINE_TEXT,
+    QUEUE_CHANNEL,
+    REJECT_MESSAGE,
+    cancel_channel,
+)
 from runs.services.decisions import (
     thread_resume,
     tool_call_answer,
@@ -128,6 +134,7 @@ __all__ = [
     "api_key_touch",
     "api_key_touch_due",
     "audit_prune",
+    "cancel_channel",
     "deliveries_claim",
     "delivery_record",
     "groups_ensure",

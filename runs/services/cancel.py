@@ -35,7 +35,7 @@ from runs.services.core import (
     LEASE_CLEARED,
     _audit,
     _audit_entry,
-    _cancel_payloads,
+    _cancel_notices,
     _check_scope,
     _clear_lease,
     _in,
@@ -43,7 +43,7 @@ from runs.services.core import (
     _is_postgres,
     _lock_run,
     _lock_selected_runs,
-    _notified_by_select,
+    _notices_by_select,
     _notifies_in_sql,
     _notify,
     _notify_in_process,
@@ -56,6 +56,8 @@ from runs.services.core import (
     _uuid_param,
     _validate_choice,
     _with_flags,
+    cancel_channel,
+    cancel_channel_sql,
     cancel_notice,
     logger,
 )
@@ -189,7 +191,7 @@ def _cancel_locked(
         )
     insert([audit])
     if tell_worker:
-        _notify(CANCEL_CHANNEL, cancel_notice(run.id, action))
+        _notify(cancel_channel(run.lease_owner), cancel_notice(run.id, action))
     return _apply_cancel(run, action=action, actor=actor, reason=reason)
 
 
@@ -216,8 +218,8 @@ def _cancel_together(
     PostgreSQL (`rows.write_together`; eight statements through `_apply_cancel`). `answer`:
     the statement also reads the run's join body (a top-level run on a thread, whose thread
     this statement refreshes)."""
-    notices = [cancel_notice(run.id, action)] if tell_worker else []
-    told, select_params = _notified_by_select(CANCEL_CHANNEL, notices)
+    notices = _cancel_notices([(run.id, run.lease_owner)], action) if tell_worker else []
+    told, select_params = _notices_by_select(notices)
     deleted = action == CancelAction.ROLLBACK
     answering = answer is not None and run.thread_id is not None and run.parent_run_id is None
     if answering:
@@ -405,9 +407,10 @@ def _cancel_at_once(
     notice = cancel_notice(run_id, action)
     if _notifies_in_sql():
         select.append(
-            f"CASE WHEN ok.status = '{RunStatus.RUNNING}' THEN pg_notify(%s, %s) END AS told"
+            f"CASE WHEN ok.status = '{RunStatus.RUNNING}'"
+            f" THEN pg_notify({cancel_channel_sql('ok.lease_owner')}, %s) END AS told"
         )
-        params_after += [CANCEL_CHANNEL, notice]
+        params_after.append(notice)
     parts = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(writes))
     statement = f"{head}, {parts} SELECT {', '.join(select)} FROM l LEFT JOIN ok ON true"
     params += [p for _, write_params in writes for p in write_params] + params_after
@@ -596,8 +599,8 @@ def _bulk_cancelled(
     ]
     count = len(runs)
     transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc(count))
-    running = [r.id for r in runs if r.status == RunStatus.RUNNING]
-    return audits, _notified_by_select(CANCEL_CHANNEL, _cancel_payloads(running, action))
+    running = [(r.id, r.lease_owner) for r in runs if r.status == RunStatus.RUNNING]
+    return audits, _notices_by_select(_cancel_notices(running, action))
 
 
 _INTERRUPT_MANY_SQL = (

@@ -9,6 +9,7 @@ still match, so a worker that lost its lease cannot write anything.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -58,6 +59,29 @@ QUEUE_CHANNEL = "runsite_queue"
 
 
 CANCEL_CHANNEL = "runsite_cancel"
+# A cancel notice goes to the channel of the worker that holds the run (`cancel_channel`), so
+# that a cancel wakes that worker alone; every worker listens on its own and on CANCEL_CHANNEL
+# (where a notice whose worker is not known goes). PostgreSQL's identifiers are 63 bytes at most.
+_OWNER_DIGITS = 16
+
+
+def cancel_channel(owner: str | None) -> str:
+    """The channel a cancel notice for a run held by the worker `owner` (its lease owner) goes
+    to: `runsite_cancel_<first 16 hex digits of the owner's MD5>` (a name, not a secret; the
+    statement that writes the notice computes the same in SQL, `cancel_channel_sql`), or
+    CANCEL_CHANNEL when no worker holds it."""
+    if not owner:
+        return CANCEL_CHANNEL
+    digest = hashlib.md5(owner.encode(), usedforsecurity=False).hexdigest()
+    return f"{CANCEL_CHANNEL}_{digest[:_OWNER_DIGITS]}"
+
+
+def cancel_channel_sql(owner_column: str) -> str:
+    """`cancel_channel` of a lease owner column, as a SQL expression (PostgreSQL)."""
+    return (
+        f"CASE WHEN {owner_column} IS NULL OR {owner_column} = '' THEN '{CANCEL_CHANNEL}'"
+        f" ELSE '{CANCEL_CHANNEL}_' || left(md5({owner_column}), {_OWNER_DIGITS}) END"
+    )
 
 
 REJECT_MESSAGE = (
@@ -152,18 +176,21 @@ def _notified_by_select(channel: str, payloads: Sequence[str]) -> tuple[list[str
     """`_notify` of each payload, as expressions for the SELECT of a statement that writes the
     change (`rows.write_together`): (expressions, their params); none where `_notify` sends no
     NOTIFY. The in-process pokes are registered here."""
-    for payload in payloads:
+    return _notices_by_select([(channel, payload) for payload in payloads])
+
+
+def _notices_by_select(notices: Sequence[tuple[str, str]]) -> tuple[list[str], list[Any]]:
+    """`_notified_by_select` of (channel, payload) pairs."""
+    for channel, payload in notices:
         _notify_in_process(channel, payload)
     if not _notifies_in_sql():
         return [], []
-    return ["pg_notify(%s, %s)"] * len(payloads), [
-        p for payload in payloads for p in (channel, payload)
-    ]
+    return ["pg_notify(%s, %s)"] * len(notices), [p for notice in notices for p in notice]
 
 
 def _notify_in_process(channel: str, payload: str = "") -> None:
     # A worker in this very process (embedded mode, tests) is poked directly after commit.
-    if channel == CANCEL_CHANNEL:
+    if channel == CANCEL_CHANNEL or channel.startswith(f"{CANCEL_CHANNEL}_"):
         ids = payload.split(",")
         transaction.on_commit(lambda: wakeup.cancel_requested(ids), robust=True)
     else:
@@ -935,13 +962,22 @@ def cancel_notice(run_id: UUID, action: str) -> str:
     return f"{run_id}={action}"
 
 
-def _notify_cancel_many(run_ids: Sequence[UUID], action: str) -> None:
-    """Tell the workers of `run_ids` that this transaction applies their cancel (`action`)."""
-    for payload in _cancel_payloads(run_ids, action):
-        _notify(CANCEL_CHANNEL, payload)
+def _notify_cancel_many(runs: Sequence[tuple[UUID, str | None]], action: str) -> None:
+    """Tell the workers of `runs` (run id, lease owner) that this transaction applies their
+    cancel (`action`)."""
+    for channel, payload in _cancel_notices(runs, action):
+        _notify(channel, payload)
 
 
-def _cancel_payloads(run_ids: Sequence[UUID], action: str) -> list[str]:
-    # One notification per batch keeps the payload under PostgreSQL's 8000-byte limit.
-    notices = [cancel_notice(r, action) for r in run_ids]
-    return [",".join(notices[i : i + 150]) for i in range(0, len(notices), 150)]
+def _cancel_notices(runs: Sequence[tuple[UUID, str | None]], action: str) -> list[tuple[str, str]]:
+    """The (channel, payload) notices of the cancel of `runs` (run id, lease owner): one channel
+    per worker (`cancel_channel`), in batches that keep a payload under PostgreSQL's 8000-byte
+    limit."""
+    by_channel: dict[str, list[str]] = {}
+    for run_id, owner in runs:
+        by_channel.setdefault(cancel_channel(owner), []).append(cancel_notice(run_id, action))
+    return [
+        (channel, ",".join(notices[i : i + 150]))
+        for channel, notices in by_channel.items()
+        for i in range(0, len(notices), 150)
+    ]

@@ -141,7 +141,7 @@ def thread_delete(*, thread: Thread, actor: Actor) -> None:
         _lock_thread(thread.id)
         active = list(
             Run.objects.filter(thread_id=thread.id, status__in=ACTIVE_STATUSES).values_list(
-                "id", flat=True
+                "id", "lease_owner"
             )
         )
         if active:
@@ -152,7 +152,7 @@ def thread_delete(*, thread: Thread, actor: Actor) -> None:
             action="thread_delete",
             thread_id=thread.id,
             reason=f"deleted thread with {len(active)} active run(s)",
-            before={"active_runs": [str(r) for r in active]},
+            before={"active_runs": [str(run_id) for run_id, _ in active]},
         )
         Thread.objects.filter(id=thread.id).delete()
 
