@@ -73,6 +73,10 @@ def test_the_channel_is_computed_alike_in_python_and_in_the_statement() -> None:
     names = {services.cancel_channel(o) for o in owners}
     assert len(names) == len(owners)  # one channel per worker
     assert all(len(name) <= 63 and name.isidentifier() for name in names)
+    # The worker's listener stops runs on these, and only these.
+    assert all(services.is_cancel_channel(name) for name in [*names, services.CANCEL_CHANNEL])
+    assert not services.is_cancel_channel(services.QUEUE_CHANNEL)
+    assert not services.is_cancel_channel("runsite_queue_handoff")
 
 
 def test_a_cancel_on_a_thread_tells_the_runs_worker_alone(listeners, support) -> None:

@@ -508,7 +508,7 @@ class Worker:
                         # generator's until it ends, and a busy responder hands runs on.
                         pass_on = False
                         for note in conn.notifies(timeout=1.0, stop_after=1):
-                            if note.channel.startswith(services.CANCEL_CHANNEL):
+                            if services.is_cancel_channel(note.channel):
                                 self.cancel_requested(note.payload.split(","))
                             elif note.channel == services.QUEUE_CHANNEL:
                                 pass_on = self._queued() or pass_on

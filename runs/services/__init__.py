@@ -57,6 +57,7 @@ from runs.services.core import (
     QUEUE_CHANNEL,
     REJECT_MESSAGE,
     cancel_channel,
+    is_cancel_channel,
 )
 from runs.services.decisions import (
     thread_resume,
@@ -138,6 +139,7 @@ __all__ = [
     "deliveries_claim",
     "delivery_record",
     "groups_ensure",
+    "is_cancel_channel",
     "prunable_runs",
     "retention_apply",
     "review_deadline_passed",

@@ -76,6 +76,11 @@ def cancel_channel(owner: str | None) -> str:
     return f"{CANCEL_CHANNEL}_{digest[:_OWNER_DIGITS]}"
 
 
+def is_cancel_channel(channel: str) -> bool:
+    """Whether a notice on `channel` is a cancel notice (the shared channel or a worker's)."""
+    return channel == CANCEL_CHANNEL or channel.startswith(f"{CANCEL_CHANNEL}_")
+
+
 def cancel_channel_sql(owner_column: str) -> str:
     """`cancel_channel` of a lease owner column, as a SQL expression (PostgreSQL)."""
     return (
@@ -190,7 +195,7 @@ def _notices_by_select(notices: Sequence[tuple[str, str]]) -> tuple[list[str], l
 
 def _notify_in_process(channel: str, payload: str = "") -> None:
     # A worker in this very process (embedded mode, tests) is poked directly after commit.
-    if channel == CANCEL_CHANNEL or channel.startswith(f"{CANCEL_CHANNEL}_"):
+    if is_cancel_channel(channel):
         ids = payload.split(",")
         transaction.on_commit(lambda: wakeup.cancel_requested(ids), robust=True)
     else:
