@@ -392,6 +392,12 @@ async def test_it_cancels_with_interrupt_and_rollback(client: Any) -> None:
     history_before = await client.threads.get_history(tid, limit=100)
 
     run = await running_slow_run(client, tid)
+
+    async def its_first_checkpoint() -> bool:  # "running" comes before its first step's write
+        history = await client.threads.get_history(tid, limit=100)
+        return history[0]["metadata"]["run_id"] == run["run_id"]
+
+    await until(its_first_checkpoint)
     body = await client.runs.cancel(tid, run["run_id"], wait=True, action="interrupt")
     assert body["messages"][:2] == first["messages"]
     cancelled = await client.runs.get(tid, run["run_id"])
