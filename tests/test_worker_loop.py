@@ -233,3 +233,51 @@ def test_the_run_threads_are_reused_run_in_parallel_and_end_when_idle(monkeypatc
 
     # Idle threads end.
     wait_for(lambda: not any(t.is_alive() for t in threads), timeout=5)
+
+
+@pytest.mark.postgres
+def test_a_worker_with_a_backlog_claims_without_first_reading_the_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from runs.services import queue
+
+    looks: list[bool] = []  # each read of the queue before a claim, with what it found
+    claimable = queue._claimable
+
+    def look(now: Any) -> bool:
+        looks.append(claimable(now))
+        return looks[-1]
+
+    made: list[tuple[int, list[bool]]] = []  # each claim: runs it got, the reads it made first
+    claim = services.run_claim
+
+    def spy(**kwargs: Any) -> list[services.ClaimedRun]:
+        before = len(looks)
+        got = claim(**kwargs)
+        made.append((len(got), looks[before:]))
+        return got
+
+    monkeypatch.setattr(queue, "_claimable", look)
+    monkeypatch.setattr(services, "run_claim", spy)
+    runs = [
+        services.run_create(agent_id="echo", thread_id=None, input={"n": n}, actor="t")
+        for n in range(3)
+    ]
+    # One slot, no NOTIFY, no timer turn: each claim comes with the previous run's end.
+    worker = Worker(concurrency=1, listen=False, poll_seconds=60, heartbeat_seconds=60)
+    loop = start(worker)
+    try:
+        ids = [r.id for r in runs]
+        wait_for(
+            lambda: Run.objects.filter(id__in=ids, status=RunStatus.SUCCESS).count() == 3,
+            timeout=30,
+        )
+        wait_for(lambda: len(made) >= 4)
+        worker.wake()  # a turn after the queue drained
+        wait_for(lambda: len(made) >= 5)
+    finally:
+        worker.stop()
+        loop.join(10)
+    # The first claim looked; each claim after one that filled its slot did not; the claim
+    # that found the queue drained was an empty claim, and the one after it looked again.
+    assert made[:5] == [(1, [True]), (1, []), (1, []), (0, []), (0, [False])], made

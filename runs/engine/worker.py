@@ -314,6 +314,9 @@ class Worker:
         self.responder = threading.Event()
         self._queue_noticed = False
         self._waiting = False
+        # The last claim filled every free slot: more runs are likely queued, so the next claim
+        # reads the queue by claiming, without the look first (services.run_claim's `told`).
+        self._backlog = False
         self.claimed_total = 0
         self._deliverer = Deliverer(owner=self.owner, wake=self._wake)
 
@@ -442,11 +445,15 @@ class Worker:
 
     def _claim(self, *, told: bool = False) -> bool:
         """Claim up to the free slots; True when it filled them all (more may be waiting).
-        `told`: a queued run's NOTIFY came since the last claim (`services.run_claim`)."""
+        `told`: a queued run's NOTIFY came since the last claim (`services.run_claim`). A claim
+        after one that filled every slot counts as told too: with a backlog, a look at the queue
+        before each claim would almost always answer "yes" (one round trip a run); the first
+        claim to find the queue drained costs one empty claim instead."""
         free = self._free_slots()
         if free <= 0:
             return False
-        claimed = services.run_claim(owner=self.owner, limit=free, told=told)
+        claimed = services.run_claim(owner=self.owner, limit=free, told=told or self._backlog)
+        self._backlog = len(claimed) == free
         for c in claimed:
             control = RunControl()
             active = _Active(lease=c.lease, control=control)

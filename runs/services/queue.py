@@ -159,9 +159,9 @@ def _claim_sql_postgres(limit: int) -> str:
 def run_claim(*, owner: str, limit: int = 1, told: bool = False) -> list[ClaimedRun]:
     """Claim up to `limit` runnable runs: oldest pending whose thread has no running run.
 
-    `told`: the caller was just told a run was queued (the first responder's NOTIFY), so the
-    queue is read by the claim itself, not first by `_claimable` (a round trip on the way from
-    a run's commit to its claim that would almost always answer "yes").
+    `told`: the caller was just told a run was queued (the first responder's NOTIFY) or its
+    last claim filled every slot it asked for (a backlog), so the queue is read by the claim
+    itself, not first by `_claimable` (a round trip that would almost always answer "yes").
 
     Each claimed Run carries `fresh` (never started before: no checkpoint of its own) and, on
     PostgreSQL, `base_checkpoint_id`/`base_values` (the thread state a fresh run starts from)
