@@ -165,13 +165,19 @@ def column_names(cursor: Any) -> tuple[str, ...]:
 
 
 def instances(  # noqa: UP047
-    model: type[M], sql: str, params: Any = None, *, long: bool = False
+    model: type[M],
+    sql: str,
+    params: Any = None,
+    *,
+    long: bool = False,
+    planned: bool = False,
 ) -> list[M]:
     """The model's instances for the rows of `sql`, which selects every column of the model
     (by its column names) and may select more: those become attributes of the instances, as
     they do with `raw()`, unconverted. `long`: a statement psycopg would parse for its `%s` on
     every call (see `_fetch_numbered`), sent numbered instead on PostgreSQL, and planned once
-    per connection (`_execute_planned_once`)."""
+    per connection (`_execute_planned_once`). `planned`: a hot statement that finds its rows by
+    key, planned once per connection (`execute_planned`); `long` implies it."""
     alias = router.db_for_write(model)
     connection = connections[alias]
     if long and connection.vendor == "postgresql" and not connection.queries_logged:
@@ -179,7 +185,10 @@ def instances(  # noqa: UP047
         rows, names = _rows_numbered(connection, sql, params)
     else:
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            if planned:
+                execute_planned(cursor, sql, params)
+            else:
+                cursor.execute(sql, params)
             rows = cursor.fetchall()
             names = column_names(cursor.cursor)
     if not rows:
@@ -458,16 +467,19 @@ def execute_last(
     (runs_lease_held, runs/migrations/0015)."""
     if not commits_with_statement(connection):
         for before_sql, before_params in before:
-            cursor.execute(before_sql, before_params)
-        cursor.execute(sql, params)
+            execute_planned(cursor, before_sql, before_params)
+        execute_planned(cursor, sql, params)
         return
     pg = connection.connection
     raw = psycopg.RawCursor(pg)
     try:
+        # Planned once per connection, as `execute_planned` does it, in the same round trip.
         with connection.wrap_database_errors, pg.pipeline():
+            pg.execute(_GENERIC_PLANS)
             for before_sql, before_params in before:
-                raw.execute(numbered(before_sql), before_params)
-            cursor.execute(sql, params)
+                raw.execute(numbered(before_sql), before_params, prepare=True)
+            cursor.cursor.execute(sql, params, prepare=True)
+            pg.execute(_PLANS_AS_BEFORE)
             pg.queue_commit()
     finally:
         raw.close()
@@ -517,23 +529,43 @@ _PLANS_AS_BEFORE = "RESET plan_cache_mode"
 
 
 def _execute_planned_once(raw: Any, sql: str, params: Any, *, commit: bool = False) -> None:
-    """Execute `sql` on the RawCursor `raw`, planned once per connection, in one round trip.
+    """Execute `sql` on the psycopg cursor `raw`, planned once per connection, in one round
+    trip.
 
-    PostgreSQL plans a prepared statement for its values (a custom plan) on its first five
-    executions and only then may keep one generic plan. These hand-written statements (a
-    cancel, a suspension, a run's end, a decision) lock rows by key and write by key, so their
-    generic plans are the ones PostgreSQL settles on anyway (`bench/plan_cache.py`: none is
-    planned at every call), but planning one is most of its cost in the database (2-3 ms of a
-    cancel's 3-4): every new connection, after every restart, paid it five or six times per
-    statement. Here the statement runs with `plan_cache_mode = force_generic_plan`, set and
-    reset around it in the same pipeline (one round trip): psycopg prepares it on its second
-    execution (`prepare_threshold`) and PostgreSQL plans it then, once. A SET is transactional:
-    when the statement fails, the rollback of its transaction (the pipeline's own, outside
-    one) undoes the SET with it; every other statement keeps the server's plan choice."""
+    psycopg prepares a statement on its execution after `prepare_threshold` (the third, by
+    default), and PostgreSQL plans a prepared statement for its values (a custom plan) on its
+    first five executions and only then may keep one generic plan: a statement was planned at
+    each of its first eight executions on every connection. These hand-written statements (a
+    claim, a fence, a cancel, a suspension, a run's end, a decision) lock rows by key and
+    write by key, so their generic plans are the ones PostgreSQL settles on anyway
+    (`bench/plan_cache.py`: none is planned at every call), but planning one is most of its
+    cost in the database (2-3 ms of a cancel's 3-4): every new connection, after every
+    restart, paid it eight times per statement (a worker's new run thread, a web process's
+    first requests). Here the statement is prepared at its first execution and runs with
+    `plan_cache_mode = force_generic_plan`, set and reset around it in the same pipeline (one
+    round trip): PostgreSQL plans it once. A SET is transactional: when the statement fails,
+    the rollback of its transaction (the pipeline's own, outside one) undoes the SET with it;
+    every other statement keeps the server's plan choice. With prepared statements off
+    (`DATABASE_PREPARE_THRESHOLD=0`) psycopg prepares nothing, asked or not."""
     conn = raw.connection
     with conn.pipeline():
         conn.execute(_GENERIC_PLANS)
-        raw.execute(sql, params)
+        raw.execute(sql, params, prepare=True)
         conn.execute(_PLANS_AS_BEFORE)
         if commit:
             conn.queue_commit()  # (runsite/postgres/lazy_begin.py)
+
+
+def execute_planned(cursor: Any, sql: str, params: Any) -> None:
+    """`cursor.execute(sql, params)` (a Django cursor) for a hand-written hot statement that
+    finds and locks its rows by key: on PostgreSQL prepared at its first execution and planned
+    once per connection (`_execute_planned_once`), its rows read from `cursor` as usual;
+    elsewhere, and while Django logs queries (DEBUG, a test counting statements), Django's own
+    execute."""
+    connection = cursor.db
+    if connection.vendor != "postgresql" or connection.queries_logged:
+        cursor.execute(sql, params)
+        return
+    connection.validate_no_broken_transaction()
+    with connection.wrap_database_errors:
+        _execute_planned_once(cursor.cursor, sql, params)

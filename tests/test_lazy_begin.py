@@ -321,11 +321,12 @@ def test_a_runs_hot_transactions_send_no_commit_of_their_own(drain: Any) -> None
     assert Run.objects.get(id=run.id).status == "success"
     assert standalone_commits(sent) == 0, round_trips(sent)  # the claim, the call's mark, the end
     # The end: its held writes (the refund's outcome), its fenced statement and, queued behind
-    # it, its COMMIT (prepared by now: a Bind, not a Query), in one round trip.
+    # it, the reset of its plan mode (rows.execute_last) and its COMMIT (prepared by now: a
+    # Bind, not a Query), in one round trip.
     [end] = [trip for trip in round_trips(sent) if any("runs_lease_held" in m for m in trip)]
     assert any('UPDATE "runs_toolcall"' in m for m in end), end
     after_end = end[next(i for i, m in enumerate(end) if "runs_lease_held" in m) :]
-    assert sum(m.startswith("Execute") for m in after_end) == 2, end
+    assert sum(m.startswith("Execute") for m in after_end) == 3, end
     with traced() as sent:
         services.run_create(agent_id="echo", thread_id=thread.id, input={"x": 1}, actor="test")
         drain()

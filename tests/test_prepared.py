@@ -143,9 +143,75 @@ def test_the_writes_that_park_and_cancel_a_run_are_planned_once(drain) -> None:
         plans = _plans(write, "UPDATE runs_thread")
         assert plans, write
         for generic, custom in plans:
-            # Eight calls, of which the first two unprepared: the generic plan for the other
-            # six (without forcing it: five custom plans, then the generic one).
-            assert (generic, custom) == (6, 0), (write, generic, custom)
+            # Eight calls, each prepared from the first and run with its one generic plan
+            # (without forcing it: two unprepared calls, five custom plans, then the generic).
+            assert (generic, custom) == (8, 0), (write, generic, custom)
+
+
+# A refund run to its suspension, its resume and its end, in a process of its own (a new
+# connection: a web process's first requests, a worker's new run thread), then how often its
+# connection planned each hot statement of the way, either way.
+FIRST_CALLS = """
+import json, os
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runsite.settings")
+import django
+django.setup()
+from django.db import connection
+from runs import services
+from runs.engine.worker import drain
+
+def plans(*fragments, start=""):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE ALL(%s) AND ltrim(statement, chr(10) || chr(32)) LIKE %s",
+            [["%" + f + "%" for f in fragments], start + "%"],
+        )
+        return [list(row) for row in cursor.fetchall()]
+
+thread = services.thread_create(metadata={})
+services.run_create(
+    agent_id="refund", thread_id=thread.id, input={"amount": 5, "order_id": "o1"}, actor="t"
+)
+drain()
+services.run_create(
+    agent_id="refund", thread_id=thread.id, command={"resume": {"approved": True}}, actor="t"
+)
+drain()
+print(json.dumps({
+    "the look at the queue": plans("pending", "LIMIT 1", start="SELECT 1 FROM runs_run"),
+    "the claim": plans("WITH RECURSIVE queue"),
+    "the suspension's fence": plans("FOR NO KEY UPDATE", "UPDATE runs_run SET last_seq"),
+    "the resume's locking read": plans("s AS MATERIALIZED", "waiting"),
+    "the approved call marked running": plans("WITH f AS", "w AS (UPDATE"),
+    "the end's locking read": plans("JOIN runs_run r ON r.thread_id = t.id", "OF t", start="SELECT"),
+    "the end": plans("status = 'success'", "runs_lease_held"),
+}))
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_connection_plans_the_hot_statements_of_a_run_once() -> None:
+    """Each is prepared at its first call and planned once, generic, where it was planned at
+    each of its first eight (two calls before psycopg prepared it, five custom plans)."""
+    from tests.helpers import subprocess_env
+
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_CALLS],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    # Each drain looked twice (a run, then an empty queue) and claimed once.
+    looked = seen.pop("the look at the queue")
+    assert looked == [[4, 0]], looked
+    assert seen.pop("the claim") == [[2, 0]], seen
+    for name, plans in seen.items():
+        assert plans == [[1, 0]], (name, plans)
 
 
 def _plan_mode() -> str:

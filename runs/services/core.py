@@ -50,7 +50,7 @@ from runs.models import (
     ThreadStatus,
     ToolCall,
 )
-from runs.rows import insert, instances, instances_from_json
+from runs.rows import execute_planned, insert, instances, instances_from_json
 
 logger = logging.getLogger("runs")
 
@@ -311,7 +311,9 @@ _LOCK_THREAD_ROW_SQL = {
 def _lock_thread_row(thread_id: UUID) -> Thread | None:
     """Lock a thread and read it in one statement (what it holds under the lock), with
     `had_runs` (whether it has had any run) as an attribute."""
-    found = instances(Thread, _LOCK_THREAD_ROW_SQL[connection.vendor], [_uuid_param(thread_id)])
+    found = instances(
+        Thread, _LOCK_THREAD_ROW_SQL[connection.vendor], [_uuid_param(thread_id)], planned=True
+    )
     return found[0] if found else None
 
 
@@ -460,7 +462,9 @@ def _lock_newest_suspended_run(
     if _is_postgres():
         sql += " FOR NO KEY UPDATE OF r"
     if waiting and lock_thread and _is_postgres():
-        found = _with_flags(instances(Run, _with_waiting_calls(sql, len(head)), params))
+        found = _with_flags(
+            instances(Run, _with_waiting_calls(sql, len(head)), params, planned=True)
+        )
         if found:
             calls = found[0].__dict__.pop("waiting_calls")
             if calls is not None:
@@ -872,7 +876,7 @@ def _fence_returning(
     else:
         sql, params = _fence_statement(lease, events, more)
     with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        execute_planned(cursor, sql, params)
         row = cursor.fetchone()
     if row is None:
         raise _lease_lost(lease)
@@ -892,7 +896,8 @@ def _fence_with(lease: Lease, write: tuple[str, list[Any]]) -> FenceResult:
     sql, params = write
     fence_sql, fence_params = _fence_statement(lease)
     with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
-        cursor.execute(
+        execute_planned(
+            cursor,
             f"WITH f AS ({fence_sql}),"
             f" w AS ({sql} AND EXISTS (SELECT 1 FROM f)) SELECT last_seq, cancel_action FROM f",
             [*fence_params, *params],

@@ -64,7 +64,7 @@ def _waiting_calls(run: Run) -> list[ToolCall]:
     if read is not None:
         return read
     lock = " FOR NO KEY UPDATE" if connection.vendor == "postgresql" else ""
-    return instances(ToolCall, _WAITING_SQL + lock, [_uuid_param(run.id)])
+    return instances(ToolCall, _WAITING_SQL + lock, [_uuid_param(run.id)], planned=True)
 
 
 def _pick_tool_call(run: Run, tool_call_id: str | None, decided_verb: str) -> ToolCall:

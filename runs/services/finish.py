@@ -30,7 +30,7 @@ from runs.models import (
     RunStatus,
     ThreadStatus,
 )
-from runs.rows import execute_last, insert, insert_statements, statements_together
+from runs.rows import execute_last, execute_planned, insert, insert_statements, statements_together
 from runs.services.cancel import _apply_cancel
 from runs.services.core import (
     _UNSET,
@@ -293,7 +293,8 @@ def _end_in_transaction(
     """`_finish_success_postgres`'s statements: the end's row (last_seq, cancel_action) and
     whether it has deliveries to announce."""
     with connection.cursor() as cursor:
-        cursor.execute(
+        execute_planned(
+            cursor,
             _LOCK_THREAD_READ_SOURCE.format(source=source_columns("r")),
             [lease.thread_id, lease.run_id],
         )
@@ -311,8 +312,8 @@ def _end_in_transaction(
         if announce:
             # Its deliveries are written after it, in its transaction.
             for sql, write_params in held_writes:
-                cursor.execute(sql, write_params)
-            cursor.execute(end, params)
+                execute_planned(cursor, sql, write_params)
+            execute_planned(cursor, end, params)
         else:
             # The transaction's last statement, its COMMIT with it, and the held writes in the
             # same round trip (rows.execute_last).

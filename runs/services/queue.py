@@ -25,7 +25,7 @@ from runs.models import (
     Thread,
     ToolCall,
 )
-from runs.rows import instances, instances_from_json
+from runs.rows import execute_planned, instances, instances_from_json
 from runs.services.cancel import _apply_cancel
 from runs.services.core import (
     LEASE_CLEARED,
@@ -181,7 +181,7 @@ def run_claim(*, owner: str, limit: int = 1, told: bool = False) -> list[Claimed
                 # worker's next turn claims it: answering "nothing" here loses no wake-up.
                 if not told and not _claimable(now):
                     return []
-                runs = instances(Run, _claim_sql_postgres(limit), params)
+                runs = instances(Run, _claim_sql_postgres(limit), params, planned=True)
                 for run in runs:
                     _decode_claimed(run)
             else:
@@ -241,7 +241,7 @@ def _decode_claimed(run: Run) -> None:
 
 def _claimable(now: datetime) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute(_CLAIMABLE_SQL_POSTGRES, {"now": now})
+        execute_planned(cursor, _CLAIMABLE_SQL_POSTGRES, {"now": now})
         return cursor.fetchone() is not None
 
 
