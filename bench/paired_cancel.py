@@ -18,6 +18,7 @@ import asyncio
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,34 @@ async def one_cancel(client: Any, action: str) -> float:
     return (time.perf_counter() - started) * 1000
 
 
+def clients_of(paths: list[str]) -> list[Any]:
+    """A `langgraph_sdk` client per env file."""
+    clients = []
+    for path in paths:
+        env = read_env(path)
+        clients.append(get_client(url=env["RUNSITE_API_URL"], api_key=env["RUNSITE_API_KEY"]))
+    return clients
+
+
+async def alternated(
+    clients: list[Any], pairs: int, measure: Callable[[Any, int], Awaitable[Any]]
+) -> tuple[list[Any], list[Any]]:
+    """`measure(client, i)` on both servers `pairs` times, A first on even rounds."""
+    results: tuple[list[Any], list[Any]] = ([], [])
+    for i in range(pairs):
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
+            results[side].append(await measure(clients[side], i))
+    return results
+
+
+def print_paired(name: str, a: list[float], b: list[float]) -> None:
+    diff = statistics.median(x - y for x, y in zip(a, b, strict=True))
+    print(
+        f"{name}: A p50 {statistics.median(a):.2f} ms, B p50 {statistics.median(b):.2f} ms,"
+        f" paired median A - B {diff:+.2f} ms ({len(a)} pairs)"
+    )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--a", required=True, help="env file of server A (start_runsite.sh)")
@@ -56,24 +85,16 @@ async def main() -> None:
     parser.add_argument("--pairs", type=int, default=60)
     parser.add_argument("--action", choices=["interrupt", "rollback", "both"], default="both")
     args = parser.parse_args()
-    clients = []
-    for path in (args.a, args.b):
-        env = read_env(path)
-        clients.append(get_client(url=env["RUNSITE_API_URL"], api_key=env["RUNSITE_API_KEY"]))
+    clients = clients_of([args.a, args.b])
     print(f"machine: {machine()}")
     actions = ["interrupt", "rollback"] if args.action == "both" else [args.action]
     for action in actions:
-        times: tuple[list[float], list[float]] = ([], [])
-        for i in range(args.pairs):
-            order = (0, 1) if i % 2 == 0 else (1, 0)
-            for side in order:
-                times[side].append(await one_cancel(clients[side], action))
-        a, b = times
-        diff = statistics.median(x - y for x, y in zip(a, b, strict=True))
-        print(
-            f"{action}: A p50 {statistics.median(a):.2f} ms, B p50 {statistics.median(b):.2f} ms,"
-            f" paired median A - B {diff:+.2f} ms ({args.pairs} pairs)"
-        )
+
+        async def cancel(client: Any, _: int, action: str = action) -> float:
+            return await one_cancel(client, action)
+
+        a, b = await alternated(clients, args.pairs, cancel)
+        print_paired(action, a, b)
 
 
 if __name__ == "__main__":

@@ -177,6 +177,8 @@ class Run(models.Model):
     base_checkpoint_id: UUID | None
     base_values: dict[str, Any] | None
     resumed_from: tuple[Checkpoint | None, list[ToolCall]]
+    # ...and the calls its claim marked `running` (tool_call_id -> the status they had).
+    marked_calls: dict[str, str]
     # services.core._lock_newest_suspended_run(waiting=True): the calls it locked and read.
     waiting_calls: list[ToolCall]
     # selectors.with_queue_holders sets it on the runs a page shows: the run it waits behind.

@@ -144,16 +144,19 @@ def test_the_approved_refund_runs_and_finishes(drain, writes, reviewer) -> None:
     services.tool_call_approve(run=Run.objects.get(id=run.id), actor=reviewer)
     writes.clear()
     drain()
-    # The approved call is marked running (it was decided before); its outcome, the step
-    # that feeds it to the model and the model's final answer (in process) go with the end.
-    assert [name for name, _ in writes] == ["tool_call_update", "run_finish"]
-    held = writes[1][1]["held"]
+    # The approved call is marked running (it was decided before): by the claim on
+    # PostgreSQL, by a write of its own elsewhere; its outcome, the step that feeds it to the
+    # model and the model's final answer (in process) go with the end.
+    marks = [] if connection.vendor == "postgresql" else ["tool_call_update"]
+    assert [name for name, _ in writes] == [*marks, "run_finish"]
+    held = writes[-1][1]["held"]
     assert held.outcome.tool_call.tool_name == "issue_refund"
     assert [w.step for w in held.steps] == [4]
     run = Run.objects.get(id=run.id)
     assert run.status == RunStatus.SUCCESS
     refund = ToolCall.objects.get(run=run, tool_name="issue_refund")
     assert refund.status == ToolCallStatus.SUCCEEDED and refund.result["refunded"] is True
+    assert refund.started_at is not None and refund.finished_at >= refund.started_at
     seqs = list(run.events.order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, run.last_seq + 1))
 
@@ -211,31 +214,118 @@ def test_a_resumed_run_reads_nothing_more_before_its_tool(drain, reviewer, monke
     assert len(reads) == (0 if connection.vendor == "postgresql" else 2)
 
 
-def test_an_approved_call_is_marked_running_in_one_statement(drain, reviewer, monkeypatch) -> None:
+def test_an_approved_call_is_marked_running_by_its_claim_or_in_one_statement(
+    drain, reviewer, monkeypatch
+) -> None:
+    """The resumed run's next call, approved, is its worker's first act: on PostgreSQL its
+    `running` mark goes with the claim (no write of its own before the tool), and the claim
+    commits durably then (its tool has effects); elsewhere one write before the tool."""
     run = services.run_create(
         agent_id="refund", thread_id=None, input={"order_id": "A4", "amount": 5}, actor="t"
     )
     drain()
     services.tool_call_approve(run=Run.objects.get(id=run.id), actor=reviewer)
     marks: list[list[str]] = []
-    real = services.tool_call_update
+    claims: list[tuple[dict[str, str], dict[str, str]]] = []
+    real_update, real_claim = services.tool_call_update, services.run_claim
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
+    def spy_update(*args: Any, **kwargs: Any) -> Any:
         with CaptureQueriesContext(connection) as captured:
-            result = real(*args, **kwargs)
+            result = real_update(*args, **kwargs)
         if kwargs["status"] == ToolCallStatus.RUNNING:
             marks.append([q["sql"] for q in captured.captured_queries])
         return result
 
-    monkeypatch.setattr(services, "tool_call_update", spy)
+    def spy_claim(*args: Any, **kwargs: Any) -> Any:
+        claimed = real_claim(*args, **kwargs)
+        for c in claimed:
+            stored = ToolCall.objects.filter(run_id=c.run.id).values_list("tool_call_id", "status")
+            claims.append((c.run.__dict__.get("marked_calls", {}), dict(stored)))
+        return claimed
+
+    monkeypatch.setattr(services, "tool_call_update", spy_update)
+    monkeypatch.setattr(services, "run_claim", spy_claim)
     drain()
-    [mark] = marks
-    if connection.vendor == "postgresql":  # the fence and the call's row; it commits alone
-        [statement] = mark
-        assert statement.index("UPDATE runs_run") < statement.index('UPDATE "runs_toolcall"')
     refund = ToolCall.objects.get(run_id=run.id, tool_name="issue_refund")
+    [(marked, stored)] = claims
+    if connection.vendor == "postgresql":
+        assert marks == []
+        assert marked == {refund.tool_call_id: ToolCallStatus.APPROVED}
+        assert stored[refund.tool_call_id] == ToolCallStatus.RUNNING  # committed with the claim
+    else:  # the fence and the call's row, then the tool
+        assert marked == {} and stored[refund.tool_call_id] == ToolCallStatus.APPROVED
+        [mark] = marks
+        assert any('UPDATE "runs_toolcall"' in sql for sql in mark)
     assert refund.status == ToolCallStatus.SUCCEEDED and refund.started_at is not None
     assert Run.objects.get(id=run.id).status == RunStatus.SUCCESS
+
+
+@pytest.mark.postgres
+def test_a_claim_that_marks_a_call_commits_durably(drain, reviewer) -> None:
+    """A claim commits without waiting for the WAL's flush (a lost claim leaves its run
+    pending), except one that marks a call `running`: that call's tool, with effects, runs
+    next, and its record must survive a crash of the database."""
+    from runs.services import queue
+
+    assert "synchronous_commit" in queue._CLAIM_SQL_POSTGRES
+
+    def commit_mode_of_claim() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("BEGIN")
+            try:
+                sql = queue._claim_sql_postgres(1)
+                params = {"now": services.core._now(), "owner": "w", "expires": None}
+                params["deadline"] = None
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+                cursor.execute("SHOW synchronous_commit")
+                return row is not None and cursor.fetchone()[0]
+            finally:
+                cursor.execute("ROLLBACK")
+
+    fresh = services.run_create(
+        agent_id="refund", thread_id=None, input={"order_id": "A8", "amount": 5}, actor="t"
+    )
+    assert commit_mode_of_claim() == "off"
+    drain()  # suspended
+    services.tool_call_approve(run=Run.objects.get(id=fresh.id), actor=reviewer)
+    assert commit_mode_of_claim() == "on"
+
+
+def test_a_cancel_after_the_claim_that_marked_a_call_gives_it_back_its_decision(
+    drain, reviewer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel that lands after the claim marked the approved call `running` and before the
+    tool starts stops the run at the check before the tool: the call is `approved` again (its
+    decision kept, its tool never ran), not `running` for ever."""
+    run = services.run_create(
+        agent_id="refund", thread_id=None, input={"order_id": "A9", "amount": 5}, actor="t"
+    )
+    drain()
+    services.tool_call_approve(run=Run.objects.get(id=run.id), actor=reviewer)
+    results_before = Run.objects.get(id=run.id).events.filter(kind="tool_result").count()
+    real_load = loop.StepLoop._load
+    cancelled: list[str] = []
+
+    def load_then_cancel(self: loop.StepLoop) -> Any:
+        loaded = real_load(self)
+        services.run_cancel(run=Run.objects.get(id=self.run.id), action="interrupt", actor="t")
+        self.control.request_cancel("interrupt")  # what the cancel's notice tells the worker
+        cancelled.append(str(self.run.id))
+        return loaded
+
+    monkeypatch.setattr(loop.StepLoop, "_load", load_then_cancel)
+    drain()
+    assert cancelled == [str(run.id)]
+    assert Run.objects.get(id=run.id).status == RunStatus.INTERRUPTED
+    refund = ToolCall.objects.get(run_id=run.id, tool_name="issue_refund")
+    assert (refund.status, refund.started_at, refund.result) == (
+        ToolCallStatus.APPROVED,
+        None,
+        None,
+    )
+    events = Run.objects.get(id=run.id).events
+    assert events.filter(kind="tool_result").count() == results_before  # the lookup's only
 
 
 def test_a_call_is_not_marked_running_once_its_run_was_cancelled(drain, reviewer) -> None:

@@ -319,7 +319,9 @@ def test_a_runs_hot_transactions_send_no_commit_of_their_own(drain: Any) -> None
     with traced() as sent:
         drain()
     assert Run.objects.get(id=run.id).status == "success"
-    assert standalone_commits(sent) == 0, round_trips(sent)  # the claim, the call's mark, the end
+    assert standalone_commits(sent) == 0, round_trips(sent)  # the claim, the end
+    # The approved call's `running` mark went with the claim: no statement of its own.
+    assert not any("w AS (UPDATE" in m for m in sent), round_trips(sent)
     # The end: its held writes (the refund's outcome), its fenced statement and, queued behind
     # it, the reset of its plan mode (rows.execute_last) and its COMMIT (prepared by now: a
     # Bind, not a Query), in one round trip.

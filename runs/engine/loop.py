@@ -112,8 +112,9 @@ class StepLoop:
         self._held_lock = threading.Lock()
         self._held_error: BaseException | None = None
         self._grace_open = False
-        # Calls written `running` with their decision (this attempt): not marked again.
-        self._marked_running: set[str] = set()
+        # Calls written `running` with their decision or by the claim (this attempt): not
+        # marked again; each with the status it goes back to if its tool never starts.
+        self._marked_running: dict[str, str] = {}
 
     # -- state --------------------------------------------------------------------------------
 
@@ -135,6 +136,7 @@ class StepLoop:
                 )
             row, own_calls = resumed_from
             calls = {tc.tool_call_id: tc for tc in own_calls}
+            self._marked_running.update(self.run.__dict__.get("marked_calls") or {})
             if row is not None:
                 checkpoint = services.StepWrite(
                     row.id, row.step, row.values, list(row.pending), row.parent_id
@@ -196,10 +198,9 @@ class StepLoop:
             # vanish); under a cancel the write records only the outcome, as after_cancel.
             self._write_held_quietly()
             if isinstance(exc, RunStopped) and self._marked_running:
-                # Written `running` with their decision, but stopped before their tools started.
-                services.tool_calls_not_started(
-                    lease=self.lease, tool_call_ids=sorted(self._marked_running)
-                )
+                # Written `running` with their decision or their claim, but stopped before
+                # their tools started.
+                services.tool_calls_not_started(lease=self.lease, calls=self._marked_running)
             raise
 
     def _steps(self) -> Finished | Suspended:
@@ -336,7 +337,7 @@ class StepLoop:
                 # The first call runs right after the decision: its `running` mark goes with it.
                 self.control.check()  # stop before any tool call
                 first["status"] = ToolCallStatus.RUNNING
-                self._marked_running.add(first["tool_call_id"])
+                self._marked_running[first["tool_call_id"]] = ToolCallStatus.PROPOSED
             created = self._save(checkpoint, new_tool_calls=new_calls, events=events)
             calls.update({tc.tool_call_id: tc for tc in created})
 
@@ -402,7 +403,7 @@ class StepLoop:
             if held_call is not None:  # read-only, its decision held: written with its result
                 held_call["status"], held_call["started_at"] = ToolCallStatus.RUNNING, _now()
             elif tc.tool_call_id in self._marked_running:
-                self._marked_running.discard(tc.tool_call_id)  # marked with its decision
+                del self._marked_running[tc.tool_call_id]  # marked with its decision or claim
             else:
                 self._write_held()
                 self._fenced(

@@ -24,6 +24,7 @@ from runs.models import (
     RunStatus,
     Thread,
     ToolCall,
+    ToolCallStatus,
 )
 from runs.rows import execute_planned, instances, instances_from_json
 from runs.services.cancel import _apply_cancel
@@ -75,10 +76,7 @@ WITH RECURSIVE queue AS (
               AND r.parent_run_id IS NULL
               AND (r.not_before IS NULL OR r.not_before <= %(now)s)
            OFFSET 0
-              FOR UPDATE OF r SKIP LOCKED) head,
-           -- A claim lost in a database crash leaves the run pending (safe), and the worker's
-           -- next synchronous commit flushes it anyway: no need to wait for the WAL flush.
-           (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+              FOR UPDATE OF r SKIP LOCKED) head
        -- The run is the head of its thread's queue, and its thread runs nothing. Written as
        -- scalar subqueries over small partial indexes so the plan stays per-row index lookups
        -- even when statistics are stale (a burst on a fresh table turned NOT EXISTS anti-joins
@@ -108,9 +106,39 @@ WITH RECURSIVE queue AS (
     SELECT id, last_seq, 'started',
            jsonb_build_object('attempt', attempt, 'worker', %(owner)s::text), '', %(now)s
       FROM claimed
+), marked AS (
+    -- A resumed run's next call, decided (approved, or answered with resume data), is the
+    -- first thing its worker does: its tool runs right after the claim. Its `running` mark
+    -- goes with the claim instead of a round trip of its own before the tool (the step loop
+    -- takes it as marked, and puts it back to what it was if the run stops before the tool
+    -- starts). The next call is the first of its checkpoint's pending calls not resolved.
+    UPDATE runs_toolcall SET status = 'running', started_at = %(now)s
+      FROM (SELECT nxt.id, nxt.status AS was
+              FROM claimed c
+             CROSS JOIN LATERAL (
+                   SELECT ck.pending FROM runs_checkpoint ck
+                    WHERE ck.run_id = c.id ORDER BY ck.step DESC LIMIT 1) ck
+             CROSS JOIN LATERAL (
+                   SELECT t.id, t.status
+                     FROM jsonb_array_elements_text(ck.pending) WITH ORDINALITY p(call, n)
+                     JOIN runs_toolcall t ON t.run_id = c.id AND t.tool_call_id = p.call
+                    WHERE t.status NOT IN ('succeeded', 'failed', 'declined')
+                    ORDER BY p.n LIMIT 1) nxt
+             WHERE NOT c.fresh AND nxt.status IN ('approved', 'answered')) next_call
+     WHERE runs_toolcall.id = next_call.id
+    RETURNING runs_toolcall.run_id, runs_toolcall.tool_call_id, next_call.was
 )
 SELECT claimed.*, base.id AS base_checkpoint_id, base.values AS base_values,
-       own.checkpoint AS own_checkpoint, own_calls.calls AS own_calls
+       own.checkpoint AS own_checkpoint, own_calls.calls AS own_calls,
+       (SELECT jsonb_object_agg(m.tool_call_id, m.was) FROM marked m
+         WHERE m.run_id = claimed.id) AS marked_calls,
+       -- A claim lost in a database crash leaves the run pending (safe), and the worker's
+       -- next synchronous commit flushes it anyway: no need to wait for the WAL flush. A
+       -- claim that marks a call waits for it: the call's tool (with effects) runs next, and
+       -- its record must say it may have run, whatever happens to the database.
+       set_config('synchronous_commit',
+                  CASE WHEN EXISTS (SELECT 1 FROM marked) THEN 'on' ELSE 'off' END,
+                  true) AS commit_mode
   FROM claimed
   LEFT JOIN LATERAL (
         SELECT c.id, c.values FROM runs_checkpoint c
@@ -166,7 +194,9 @@ def run_claim(*, owner: str, limit: int = 1, told: bool = False) -> list[Claimed
     Each claimed Run carries `fresh` (never started before: no checkpoint of its own) and, on
     PostgreSQL, `base_checkpoint_id`/`base_values` (the thread state a fresh run starts from)
     or `resumed_from` (what one started before continues from: its latest checkpoint, None
-    without one, and its tool calls).
+    without one, and its tool calls) and `marked_calls`: its next call, decided, marked
+    `running` by the claim (tool_call_id -> the status it had; the step loop runs its tool
+    without marking it again).
     """
     now = _now()
     expires = now + timedelta(seconds=settings.RUNS_LEASE_SECONDS)
@@ -229,14 +259,24 @@ def _decode_claimed(run: Run) -> None:
         run.base_values = json.loads(run.base_values)
     own: Any = run.__dict__.pop("own_checkpoint", None)
     calls: Any = run.__dict__.pop("own_calls", None)
+    marked: Any = run.__dict__.pop("marked_calls", None)
+    run.__dict__.pop("commit_mode", None)
     if run.fresh:
         return
     if isinstance(own, str):
         own = json.loads(own)
     if isinstance(calls, str):
         calls = json.loads(calls)
+    if isinstance(marked, str):
+        marked = json.loads(marked)
     found = instances_from_json(Checkpoint, [own] if own is not None else [])
-    run.resumed_from = (found[0] if found else None, instances_from_json(ToolCall, calls))
+    tool_calls = instances_from_json(ToolCall, calls)
+    # The calls were read as the statement began: the ones it marked are `running` now.
+    run.marked_calls = marked or {}
+    for tc in tool_calls:
+        if tc.tool_call_id in run.marked_calls:
+            tc.status, tc.started_at = ToolCallStatus.RUNNING, run.updated_at
+    run.resumed_from = (found[0] if found else None, tool_calls)
 
 
 def _claimable(now: datetime) -> bool:

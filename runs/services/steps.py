@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from uuid import UUID
 
@@ -256,17 +256,23 @@ def tool_call_update(
     return fence
 
 
-def tool_calls_not_started(*, lease: Lease, tool_call_ids: Sequence[str]) -> None:
-    """Calls written `running` together with their decision whose tools never started: the run
-    was stopped (cancelled, timed out, released) in between. Back to `proposed`, as if they had
-    been marked only when they started; written only while this lease's attempt still holds the
-    run (a worker that lost it writes nothing), and only for calls still `running`."""
-    ToolCall.objects.filter(
-        run_id=lease.run_id,
-        tool_call_id__in=list(tool_call_ids),
-        status=ToolCallStatus.RUNNING,
-        run__attempt=lease.attempt,
-    ).update(status=ToolCallStatus.PROPOSED, started_at=None)
+def tool_calls_not_started(*, lease: Lease, calls: Mapping[str, str]) -> None:
+    """Calls written `running` together with their decision, or by the claim of their resumed
+    run, whose tools never started: the run was stopped (cancelled, timed out, released) in
+    between. Each back to the status `calls` gives it (`proposed`; `approved` or `answered`
+    for a decided call a claim marked), as if it had been marked only when its tool started;
+    written only while this lease's attempt still holds the run (a worker that lost it writes
+    nothing), and only for calls still `running`."""
+    by_status: dict[str, list[str]] = {}
+    for tool_call_id, status in calls.items():
+        by_status.setdefault(status, []).append(tool_call_id)
+    for status, ids in sorted(by_status.items()):
+        ToolCall.objects.filter(
+            run_id=lease.run_id,
+            tool_call_id__in=sorted(ids),
+            status=ToolCallStatus.RUNNING,
+            run__attempt=lease.attempt,
+        ).update(status=status, started_at=None)
 
 
 def _tool_call_changes(status: str, result: JSONValue | _Unset) -> dict[str, object]:
