@@ -112,6 +112,9 @@ WITH RECURSIVE queue AS (
     -- goes with the claim instead of a round trip of its own before the tool (the step loop
     -- takes it as marked, and puts it back to what it was if the run stops before the tool
     -- starts). The next call is the first of its checkpoint's pending calls not resolved.
+    -- A LangGraph graph's run marks nothing here: its checkpoints' projections have no pending
+    -- calls (runs/services/graphs.py), and its executor reads its interrupts decided
+    -- (tests/test_graphs_hitl.py resumes them on PostgreSQL).
     UPDATE runs_toolcall SET status = 'running', started_at = %(now)s
       FROM (SELECT nxt.id, nxt.status AS was
               FROM claimed c
