@@ -222,15 +222,16 @@ def _plan_mode() -> str:
         return str(cursor.fetchone()[0])
 
 
-def _hot_write(divisor: int) -> None:
+def _hot_write(divisor: int, *, fails_after: float = 0.0) -> None:
     """A statement sent as the hot writes are (rows.write_together): a write, then a read that
-    divides by `divisor` (0: the statement fails in the database)."""
+    divides by `divisor` (0: the statement fails in the database, `fails_after` seconds in:
+    long enough for the pipeline's statements after it to be sent before its error is back)."""
     from runs.rows import write_together
 
     write_together(
         [("UPDATE runs_thread SET updated_at = updated_at WHERE false", [])],
-        "SELECT 1 / %s",
-        [divisor],
+        "SELECT 1 / (%s + 0 * length(pg_sleep(%s)::text))",
+        [divisor, fails_after],
         connection.alias,
     )
 
@@ -252,4 +253,43 @@ def test_forcing_the_generic_plan_ends_with_the_statement_that_asked_for_it() ->
         with pytest.raises(DataError), transaction.atomic():
             _hot_write(0)  # in a savepoint, rolled back to
         assert _plan_mode() == "auto"
+    assert _plan_mode() == "auto"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_statement_prepared_in_a_pipeline_that_failed_before_it_is_prepared_again() -> None:
+    """psycopg names a statement it has counted as prepared when it queues its Parse; when the
+    pipeline failed before the Parse ran, the name must not stay (runsite/postgres/prepared.py),
+    or every later call fails with `prepared statement "_pg3_…" does not exist`."""
+    import psycopg
+
+    connection.ensure_connection()
+    conn = connection.connection
+    probe = "SELECT %s::int AS a_statement_counted_then_skipped"
+    for _ in range(conn.prepare_threshold):
+        conn.execute(probe, [1])  # counted, not prepared yet
+    with pytest.raises(psycopg.errors.DivisionByZero), conn.pipeline():
+        # Fails once the probe behind it is sent (not before its error could come back).
+        conn.execute("SELECT 1 / (%s + 0 * length(pg_sleep(0.05)::text))", [0])
+        conn.execute(probe, [2])  # prepared now, but the server skips it
+    assert conn.execute(probe, [3]).fetchone() == (3,)
+    assert conn.execute(probe, [4]).fetchone() == (4,)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hot_writes_that_fail_on_a_new_connection_leave_it_able_to_run_them() -> None:
+    """A hot write's pipeline ends with `RESET plan_cache_mode`: on a new connection, the failed
+    writes that skip it reach psycopg's threshold for it, and the writes after them still run."""
+    from django.db import DataError
+
+    connection.close()
+    connection.close_pool()  # a new connection: its statements counted from none
+    connection.ensure_connection()
+    prepared = connection.connection._prepared
+    assert not [k for k in [*prepared._counts, *prepared._names] if b"plan_cache_mode" in k[0]]
+    _hot_write(1)  # its statement prepared: the writes below send their RESET behind it
+    for _ in range(4):
+        with pytest.raises(DataError):
+            _hot_write(0, fails_after=0.05)
+    _hot_write(1)
     assert _plan_mode() == "auto"

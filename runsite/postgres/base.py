@@ -1,6 +1,7 @@
 """Django's PostgreSQL backend, its pool a `LifoConnectionPool` (runsite/dbpool.py) of
 `LazyBeginConnection`s (runsite/postgres/lazy_begin.py: a transaction's BEGIN goes with its
-first statement).
+first statement), each with psycopg's prepared-statement cache checked after a failed pipeline
+(runsite/postgres/prepared.py).
 
 Django builds its pool from `psycopg_pool.ConnectionPool` with no way to name another class; this
 backend builds the same pool (the same connection parameters, `configure` hook and options) from
@@ -23,6 +24,7 @@ from psycopg_pool import ConnectionPool
 
 from runsite.dbpool import LifoConnectionPool
 from runsite.postgres.lazy_begin import LazyBeginConnection, ServerBindingCursor
+from runsite.postgres.prepared import check_prepared_statements
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
@@ -64,6 +66,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
     def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
         conn = super().get_new_connection(conn_params)
+        check_prepared_statements(conn)  # (runsite/postgres/prepared.py)
         if isinstance(conn, LazyBeginConnection):
             conn.committed_early = False  # (a pooled connection lent again)
         return conn
