@@ -4,8 +4,10 @@ and Twisted answer is unchanged."""
 from __future__ import annotations
 
 import io
+import socket
 from types import SimpleNamespace
 
+import pytest
 from daphne.http_protocol import HTTPFactory
 from twisted.web import http
 
@@ -53,3 +55,84 @@ def test_daphnes_factory_writes_no_twisted_access_line() -> None:
     daphne_factory._logDateTime = "-"
     daphne_factory.log(request)
     assert daphne_factory._logFile.getvalue() == ""
+
+
+class _Reactor:
+    """What a Twisted connection asks of its reactor when it writes: to be told when its socket
+    is writable (addWriter), and no longer (removeWriter)."""
+
+    def __init__(self) -> None:
+        self.writers: set[object] = set()
+
+    def addWriter(self, selectable: object) -> None:  # noqa: N802  (Twisted's interface)
+        self.writers.add(selectable)
+
+    def removeWriter(self, selectable: object) -> None:  # noqa: N802
+        self.writers.discard(selectable)
+
+
+def _connection() -> tuple[object, socket.socket, _Reactor]:
+    """A real Twisted TCP connection over one end of a socket pair (the other end returned)."""
+    from twisted.internet import tcp
+    from twisted.internet.protocol import Protocol
+
+    ours, theirs = socket.socketpair()
+    reactor = _Reactor()
+    connection = tcp.Connection(ours, Protocol(), reactor)
+    connection.connected = True
+    return connection, theirs, reactor
+
+
+def _read_all(sock: socket.socket, n: int) -> bytes:
+    sock.settimeout(5)
+    got = b""
+    while len(got) < n:
+        got += sock.recv(n - len(got))
+    return got
+
+
+def test_a_write_with_nothing_buffered_is_sent_at_once() -> None:
+    connection, peer, reactor = _connection()
+    connection.write(b"HTTP/1.1 200 OK\r\n")
+    connection.writeSequence([b"content-length: 2\r\n", b"\r\n", b"{}"])
+    # On the wire already: no turn of the reactor, nothing left to send.
+    assert _read_all(peer, 40) == b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"
+    assert not reactor.writers and connection.dataBuffer == b"" and not connection._tempDataBuffer
+
+
+def test_what_the_socket_does_not_take_is_sent_by_twisted_in_order() -> None:
+    """A write bigger than the socket's buffer: sent in part at once, the rest by Twisted, and
+    whatever is written meanwhile after it."""
+    connection, peer, reactor = _connection()
+    connection.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    big = bytes(range(256)) * 4096  # 1 MiB: more than the socket takes at once
+    connection.write(big)
+    assert reactor.writers == {connection}  # the rest buffered, the reactor asked
+    connection.writeSequence([b"after", b"wards"])  # behind the buffered bytes, not before
+    connection.write(b"!")
+    expected = big + b"afterwards!"
+    got = b""
+    peer.settimeout(5)
+    while len(got) < len(expected):
+        if connection in reactor.writers:
+            connection.doWrite()  # what the reactor does when the socket is writable
+        got += peer.recv(65536)
+    assert got == expected
+    assert not reactor.writers
+
+
+def test_a_lost_or_tls_connection_writes_as_twisted_does() -> None:
+    connection, peer, reactor = _connection()
+    connection.TLS = True  # startTLS: its TLS layer writes through Twisted's own path
+    connection.protocol = SimpleNamespace(write=lambda data: sent.append(data))
+    sent: list[bytes] = []
+    connection.write(b"through TLS")
+    assert sent == [b"through TLS"]
+    connection.TLS = False
+    connection.connected = False
+    connection.write(b"dropped")  # a lost connection writes nothing, as Twisted's
+    peer.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        peer.recv(10)
+    with pytest.raises(TypeError):
+        _connection()[0].write("not bytes")  # refused, as Twisted refuses it
