@@ -14,12 +14,14 @@ installed; other ASGI servers are untouched. Measured with py-spy on Daphne serv
 
 And one that is latency, not CPU: a Twisted TCP connection sends nothing when it is written to,
 only buffers the bytes and asks the reactor to tell it when the socket is writable, so every
-answer waited for the event loop's next turn, behind whatever else that turn ran (the rest of
-Django's end of the request, other requests), and cost two more `epoll_ctl` calls. Here a write
-to a connection with nothing buffered goes to the socket at once, as asyncio's own transports
-(uvicorn's) do; what the socket does not take (a full send buffer), and anything written while
-bytes wait, is buffered and sent by Twisted as before, in order. An answer reaches its client
-~0.1-0.4 ms sooner (docs/benchmarks.md).
+answer waited for the event loop's next turn, behind whatever else that turn ran, and cost two
+more `epoll_ctl` calls. Here what one ASGI message of an HTTP answer wrote (Daphne's
+`handle_reply`: the status line and headers with the first body, a body chunk, the end) is sent
+at once, in one send, as Twisted's reactor would send it on its next turn; what the socket does
+not take (a full send buffer) stays buffered for the reactor, as before. Sending each of
+Twisted's writes on its own instead (headers, then body) cost a cancel's answer 1-2 ms on a busy
+machine: the event loop's thread gives up the GIL at every send and may wait for it before the
+next (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ def apply() -> bool:
     """Apply all three; False when Daphne is not installed (nothing to tune)."""
     try:
         from daphne import http_protocol
-        from twisted.internet import tcp
         from twisted.web import http
     except ImportError:
         return False
@@ -42,51 +43,44 @@ def apply() -> bool:
     if not hasattr(parse, "cache_info"):
         http._parseContentType = functools.lru_cache(maxsize=CONTENT_TYPES_REMEMBERED)(parse)
     http_protocol.HTTPFactory.log = _no_twisted_access_log
-    if not getattr(tcp.Connection.write, "sends_at_once", False):
-        tcp.Connection.write = _sent_at_once(tcp.Connection.write, sequence=False)  # type: ignore[method-assign]
-        tcp.Connection.writeSequence = _sent_at_once(  # type: ignore[method-assign]
-            tcp.Connection.writeSequence, sequence=True
-        )
+    reply = http_protocol.WebRequest.handle_reply
+    if not getattr(reply, "sends_at_once", False):
+        http_protocol.WebRequest.handle_reply = _sent_at_once(reply)
     return True
 
 
-def _sent_at_once(buffered: Any, *, sequence: bool) -> Any:
-    """Twisted's `write` (or `writeSequence`, `sequence`) of a TCP connection, sending at once
-    what the socket takes when nothing is buffered before it (see the module's docstring). The
-    rest, and everything else (TLS started on the connection, a connection closing or lost,
-    anything buffered, data that is not bytes, which Twisted refuses), goes through `buffered`,
-    Twisted's own."""
+def _sent_at_once(handle_reply: Any) -> Any:
+    """Daphne's `WebRequest.handle_reply`, then what it wrote sent (see the module's
+    docstring)."""
 
-    @functools.wraps(buffered)
-    def write(self: Any, data: Any) -> None:
-        payload = _joined(data) if sequence else data
-        if _nothing_before(self) and isinstance(payload, bytes) and payload:
-            sent = self.writeSomeData(payload)  # Twisted's own send: 0 when the socket is full
-            if isinstance(sent, int) and sent > 0:
-                if sent < len(payload):
-                    rest = payload[sent:]
-                    buffered(self, [rest] if sequence else rest)
-                return
-        buffered(self, data)
+    @functools.wraps(handle_reply)
+    def reply(self: Any, message: Any) -> None:
+        transport = getattr(self.channel, "transport", None)  # (None once the answer ended)
+        handle_reply(self, message)
+        if transport is not None:
+            send_buffered(transport)
 
-    write.sends_at_once = True  # type: ignore[attr-defined]
-    return write
+    reply.sends_at_once = True  # type: ignore[attr-defined]
+    return reply
 
 
-def _nothing_before(connection: Any) -> bool:
-    """The connection is open, plain TCP, and holds no bytes waiting to be sent."""
-    return bool(
-        connection.connected
-        and not (connection.TLS or connection.disconnecting or connection._writeDisconnected)
-        and not connection._tempDataBuffer
-        and len(connection.dataBuffer) == connection.offset
-    )
+def send_buffered(transport: Any) -> None:
+    """What a plain TCP connection holds to send, sent now as the reactor sends it when the
+    socket is writable (`doWrite`: what the socket does not take stays buffered, and a
+    producer paused for a full buffer is resumed once it drained). Left to the reactor: TLS, a
+    connection closing (its close follows the last send) or lost, and anything but a TCP
+    connection."""
+    from twisted.internet import tcp
 
-
-def _joined(iovec: Any) -> bytes | None:
-    if isinstance(iovec, list | tuple) and all(isinstance(i, bytes) for i in iovec):
-        return b"".join(iovec)
-    return None
+    if (
+        isinstance(transport, tcp.Connection)
+        and transport.connected
+        and not (transport.TLS or transport.disconnecting or transport._writeDisconnected)
+        and (transport._tempDataBuffer or len(transport.dataBuffer) > transport.offset)
+    ):
+        # A lost connection returns its error here and again to the reactor, which still
+        # watches the socket (the write asked it to) and ends the connection.
+        transport.doWrite()
 
 
 def _no_twisted_access_log(self: Any, request: Any) -> None:

@@ -91,24 +91,30 @@ def _read_all(sock: socket.socket, n: int) -> bytes:
     return got
 
 
-def test_a_write_with_nothing_buffered_is_sent_at_once() -> None:
+def test_what_an_answer_wrote_is_sent_in_one_send_without_a_reactor_turn() -> None:
     connection, peer, reactor = _connection()
-    connection.write(b"HTTP/1.1 200 OK\r\n")
+    connection.write(b"HTTP/1.1 200 OK\r\n")  # Twisted's writes: buffered, the reactor asked
     connection.writeSequence([b"content-length: 2\r\n", b"\r\n", b"{}"])
-    # On the wire already: no turn of the reactor, nothing left to send.
+    assert reactor.writers == {connection}
+    peer.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        peer.recv(10)  # nothing sent yet: it would wait for the reactor's next turn
+    server_tuning.send_buffered(connection)
     assert _read_all(peer, 40) == b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"
     assert not reactor.writers and connection.dataBuffer == b"" and not connection._tempDataBuffer
 
 
-def test_what_the_socket_does_not_take_is_sent_by_twisted_in_order() -> None:
-    """A write bigger than the socket's buffer: sent in part at once, the rest by Twisted, and
-    whatever is written meanwhile after it."""
+def test_what_the_socket_does_not_take_is_left_to_the_reactor_in_order() -> None:
+    """An answer bigger than the socket's buffer: sent in part at once, the rest by the
+    reactor, with whatever is written meanwhile after it."""
     connection, peer, reactor = _connection()
     connection.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     big = bytes(range(256)) * 4096  # 1 MiB: more than the socket takes at once
     connection.write(big)
-    assert reactor.writers == {connection}  # the rest buffered, the reactor asked
-    connection.writeSequence([b"after", b"wards"])  # behind the buffered bytes, not before
+    server_tuning.send_buffered(connection)
+    assert reactor.writers == {connection}  # the rest still buffered, the reactor still asked
+    connection.writeSequence([b"after", b"wards"])
+    server_tuning.send_buffered(connection)
     connection.write(b"!")
     expected = big + b"afterwards!"
     got = b""
@@ -121,18 +127,30 @@ def test_what_the_socket_does_not_take_is_sent_by_twisted_in_order() -> None:
     assert not reactor.writers
 
 
-def test_a_lost_or_tls_connection_writes_as_twisted_does() -> None:
-    connection, peer, reactor = _connection()
-    connection.TLS = True  # startTLS: its TLS layer writes through Twisted's own path
-    connection.protocol = SimpleNamespace(write=lambda data: sent.append(data))
-    sent: list[bytes] = []
-    connection.write(b"through TLS")
-    assert sent == [b"through TLS"]
-    connection.TLS = False
-    connection.connected = False
-    connection.write(b"dropped")  # a lost connection writes nothing, as Twisted's
-    peer.setblocking(False)
-    with pytest.raises(BlockingIOError):
-        peer.recv(10)
-    with pytest.raises(TypeError):
-        _connection()[0].write("not bytes")  # refused, as Twisted refuses it
+def test_tls_a_closing_connection_and_other_transports_are_left_to_the_reactor() -> None:
+    for change in ("TLS", "disconnecting"):
+        connection, peer, reactor = _connection()
+        setattr(connection, change, True)
+        connection.dataBuffer = b"waiting"
+        server_tuning.send_buffered(connection)
+        assert connection.dataBuffer == b"waiting"  # untouched: the reactor sends it
+    server_tuning.send_buffered(SimpleNamespace(connected=True))  # not a TCP connection
+
+
+def test_daphnes_reply_is_sent_once_it_has_written() -> None:
+    from daphne.http_protocol import WebRequest
+
+    assert WebRequest.handle_reply.sends_at_once  # applied once (runsite.asgi imported)
+    assert server_tuning.apply() is True
+    assert WebRequest.handle_reply.__wrapped__.__name__ == "handle_reply"
+    assert not hasattr(WebRequest.handle_reply.__wrapped__, "sends_at_once")
+    connection, peer, _ = _connection()
+
+    def handle_reply(request: object, message: dict) -> None:
+        connection.write(message["body"])
+
+    reply = server_tuning._sent_at_once(handle_reply)
+    reply(SimpleNamespace(channel=SimpleNamespace(transport=connection)), {"body": b"{}"})
+    assert _read_all(peer, 2) == b"{}"
+    # An answer that ended (Twisted dropped its channel): nothing to send, nothing raised.
+    reply(SimpleNamespace(channel=None), {"body": b""})
