@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import socket
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -71,12 +72,24 @@ class _Reactor:
         self.writers.discard(selectable)
 
 
+_OPEN: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_sockets() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
 def _connection() -> tuple[object, socket.socket, _Reactor]:
-    """A real Twisted TCP connection over one end of a socket pair (the other end returned)."""
+    """A real Twisted TCP connection over one end of a socket pair (the other end returned),
+    both closed after the test."""
     from twisted.internet import tcp
     from twisted.internet.protocol import Protocol
 
     ours, theirs = socket.socketpair()
+    _OPEN.extend((ours, theirs))
     reactor = _Reactor()
     connection = tcp.Connection(ours, Protocol(), reactor)
     connection.connected = True
