@@ -5,7 +5,8 @@ Django's ASGI handler serves a synchronous view in three hops between the event 
 thread (the `request_started` receivers, the view, `response.close()` with `request_finished`),
 each on a thread created for the request, plus a task listening for a disconnect the view
 cannot act on. Here a synchronous view's whole request (signals, middleware, view, close) runs in
-one call on the pool; the event loop only reads the body and writes the answer.
+one call on the pool; the event loop only reads the body and writes the answer, and then
+publishes what the request committed (`live.publishes_held`), so that the answer goes first.
 
 An asynchronous view (wait, join, stream) runs on the event loop as under Django, with the same
 disconnect handling. `request_started` and the request's creation stay on the loop, with its
@@ -29,8 +30,10 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.db import connection
 from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_prefix
 
+from runs import live
 from runs.api import streaming
 from runs.api.auth import api_key_auth
 
@@ -81,6 +84,13 @@ class _SyncChain(base.BaseHandler):
         return _resolve_once(self, request)
 
 
+def _refresh_kept_keys() -> None:
+    try:
+        api_key_auth.refresh_kept_keys()
+    finally:
+        connection.close()  # back to the pool, as a request's close hands it back
+
+
 class ApiHandler(ASGIHandler):
     """Django's handler with `settings.API_MIDDLEWARE` instead of `MIDDLEWARE`, for /api/."""
 
@@ -105,11 +115,31 @@ class ApiHandler(ASGIHandler):
             set_script_prefix(get_script_prefix(scope))
             if not sync_view:
                 await self._serve_async(scope, receive, send, body_file)
+                await self._after_answer()
                 return
-            response = await self._in_pool(self._respond, scope, body_file)
-            await self.send_response(response, send)
-            if response.streaming:
+            response, held = await self._in_pool(self._respond, scope, body_file)
+            if response.streaming:  # its body may take long: what it committed goes first
+                live.publish_all(held)
+                await self.send_response(response, send)
                 await self._in_pool(response.close)
+            else:
+                try:
+                    await self.send_response(response, send)
+                finally:
+                    live.publish_all(held)
+        await self._after_answer()
+
+    async def _after_answer(self) -> None:
+        """What a request leaves for after its answer: the API keys this process holds that
+        are due to be read again (`api_key_auth.refresh_kept_keys`), so that no request waits
+        on a key's read while the key is in use. A failed read leaves them as they were, to
+        be read by the request that finds them expired."""
+        if not api_key_auth.kept_keys_due():
+            return
+        try:
+            await self._in_pool(_refresh_kept_keys)
+        except Exception:
+            logger.warning("api: reading the kept API keys again failed", exc_info=True)
 
     async def _in_pool(self, fn: Any, *args: Any) -> Any:
         return await sync_to_async(fn, thread_sensitive=False, executor=self._pool)(*args)
@@ -172,8 +202,14 @@ class ApiHandler(ASGIHandler):
         scope[_MATCH] = (path, match)
         return not _is_async(match.func)
 
-    def _respond(self, scope: Any, body_file: Any) -> Any:
-        """The request from `request_started` to `request_finished`, on one thread."""
+    def _respond(self, scope: Any, body_file: Any) -> tuple[Any, list[live.RunChange]]:
+        """The request from `request_started` to `request_finished`, on one thread, and the
+        changes it committed, held for the event loop to publish once the answer has gone
+        (`live.publishes_held`)."""
+        with live.publishes_held() as held:
+            return self._respond_holding(scope, body_file), held
+
+    def _respond_holding(self, scope: Any, body_file: Any) -> Any:
         signals.request_started.send(sender=self.__class__, scope=scope)
         request, response = self.create_request(scope, body_file)
         if request is not None:

@@ -17,7 +17,7 @@ from channels.db import database_sync_to_async as sync_to_async
 from django.core.signals import request_finished, request_started
 
 from runs import services
-from runs.models import Thread
+from runs.models import Run, Thread
 from runsite.asgi import application
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -332,3 +332,127 @@ async def test_a_lost_database_during_an_async_views_key_check_is_a_503(
     assert response.status_code == 503, response.text
     assert response.json()["code"] == "database_unavailable"
     assert not await sync_to_async(lambda: Thread.objects.get(id=thread_id).runs.exists())()
+
+
+async def served(
+    method: str, path: str, key: str, order: list[tuple[str, Any]], query: bytes = b""
+) -> int:
+    """One request through the ASGI application as a server calls it, each message it sends
+    noted in `order` as ("sent", type) when sent; returns the answer's status."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query,
+        "root_path": "",
+        "headers": [(b"host", b"127.0.0.1"), (b"x-api-key", key.encode())],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 80),
+    }
+    status: list[int] = []
+    bodies = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if bodies:
+            return bodies.pop()
+        await asyncio.Event().wait()  # the client stays until the answer
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        order.append(("sent", message["type"]))
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+
+    await application(scope, receive, send)
+    return status[0]
+
+
+async def test_a_synchronous_views_committed_change_is_published_after_its_answer(
+    key, monkeypatch
+) -> None:
+    """What a request committed (a cancel's end of its run) goes to the channel layer once its
+    answer has been sent, not before it on the event loop; it still goes out, and at once for
+    a request that fails after committing."""
+    from runs import live
+
+    order: list[tuple[str, Any]] = []
+    send_to_layer = live._send
+
+    async def recorded(changes: list[live.RunChange]) -> bool:
+        order.append(("published", sorted(change.run_id for change in changes)))
+        return await send_to_layer(changes)
+
+    monkeypatch.setattr(live, "_send", recorded)
+
+    def pending_run() -> tuple[str, str]:
+        thread = services.thread_create()
+        run = services.run_create(agent_id="echo", thread_id=thread.id, input={}, actor="t")
+        return str(thread.id), str(run.id)
+
+    thread_id, run_id = await sync_to_async(pending_run)()
+    await asyncio.sleep(0.05)  # the create's own publish is out of the way
+    order.clear()
+    await served("POST", f"/api/threads/{thread_id}/runs/{run_id}/cancel", key, order, b"wait=1")
+    for _ in range(100):
+        if any(what == "published" for what, _ in order):
+            break
+        await asyncio.sleep(0.01)
+    assert order[:2] == [("sent", "http.response.start"), ("sent", "http.response.body")]
+    assert order[2:] == [("published", [run_id])], order
+    assert (await sync_to_async(Run.objects.get)(id=run_id)).status == "interrupted"
+
+
+@pytest.mark.parametrize("sync_view", [True, False])
+async def test_a_key_in_use_is_read_again_after_an_answer_not_before_one(
+    key, settings, monkeypatch, sync_view
+) -> None:
+    """A key used past half of RUNS_API_KEY_CACHE_SECONDS is read again once that answer has
+    gone, so a key in steady use is never read on a request's path; a key found revoked then
+    is dropped and refused."""
+    from django.utils import timezone
+
+    from runs import selectors
+    from runs.models import ApiKey
+
+    settings.RUNS_API_KEY_CACHE_SECONDS = 1.0
+    order: list[tuple[str, Any]] = []
+    real_read = selectors.api_key_for_hash
+
+    def read(key_hash: str) -> Any:
+        order.append(("read", None))
+        return real_read(key_hash)
+
+    monkeypatch.setattr(selectors, "api_key_for_hash", read)
+    thread_id = await sync_to_async(lambda: str(services.thread_create().id))()
+    path = (
+        f"/api/threads/{thread_id}"
+        if sync_view
+        else f"/api/threads/{uuid.uuid4()}/runs/{uuid.uuid4()}/join"
+    )
+    expected = 200 if sync_view else 404
+    assert await served("GET", path, key, order) == expected
+    assert ("read", None) in order  # the first request reads it
+    await asyncio.sleep(0.55)  # past half its time
+    order.clear()
+    assert await served("GET", path, key, order) == expected
+    # Answered from memory; read again after the answer.
+    assert order[-1] == ("read", None) and order.count(("read", None)) == 1, order
+    await asyncio.sleep(0.55)  # 1.1 s since the first read, 0.55 since the second
+    order.clear()
+    assert await served("GET", path, key, order) == expected
+    # Expired since the first read, but read again since: no read before the answer.
+    assert order[:2] == [("sent", "http.response.start"), ("sent", "http.response.body")]
+    # Revoked elsewhere (the row changed without the model's signals): the read after the
+    # next answer finds it so, and the request after that is refused.
+    await sync_to_async(
+        lambda: ApiKey.objects.filter(key_hash=ApiKey.hash_key(key)).update(
+            revoked_at=timezone.now()
+        )
+    )()
+    await asyncio.sleep(0.55)
+    assert await served("GET", path, key, order) == expected
+    assert await served("GET", path, key, order) == 401

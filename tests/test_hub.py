@@ -323,6 +323,28 @@ def test_a_thread_that_did_not_opt_in_hands_its_change_to_the_publisher(
     assert handed == [one]
 
 
+def test_changes_held_for_an_answer_wait_for_it_and_go_out_at_once_when_it_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`live.publishes_held`: a request thread's publishes are kept for the server to send
+    after its answer; a block that raises publishes what it kept before the error goes on."""
+    monkeypatch.setattr(live, "_server_loop", None)
+    handed: list[live.RunChange] = []
+    monkeypatch.setattr(live._publisher, "submit", handed.append)
+    kept, lost = change(str(uuid.uuid4())), change(str(uuid.uuid4()))
+    with live.publishes_held() as held:
+        live.publish(kept)
+    assert held == [kept] and handed == []
+    live.publish_all(held)
+    assert handed == [kept]
+    with pytest.raises(RuntimeError), live.publishes_held():
+        live.publish(lost)
+        raise RuntimeError("the request failed after its commit")
+    assert handed == [kept, lost]
+    live.publish(kept)  # nothing is held outside the block
+    assert handed == [kept, lost, kept]
+
+
 def test_a_change_committed_inside_an_event_loop_goes_to_the_publisher(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

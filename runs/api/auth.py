@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,15 @@ class ApiKeyAuth(APIKeyHeader):
         request.__dict__[_AHEAD] = _caller_of_key(api_key)
         return True
 
+    def kept_keys_due(self) -> bool:
+        """Whether a key this process holds is due to be read again (`refresh_kept_keys`)."""
+        return _recent_keys.refresh_due()
+
+    def refresh_kept_keys(self) -> None:
+        """Read again the held keys in use past half their time (`_RecentKeys.refresh`), off
+        any request's path: the server calls it on a thread after an answer."""
+        _recent_keys.refresh()
+
     def authenticate(self, request: HttpRequest, key: str | None) -> Caller | None:
         raw = key.strip() if key else ""
         api_key = _recent_keys.get(ApiKey.hash_key(raw)) if raw else None
@@ -106,22 +116,49 @@ class _RecentKeys:
     resumed): each one answered from here saves the key's read, a round trip and ~0.3 ms of
     CPU of every API request. Only keys found active are kept (an unknown or revoked key is
     read every time); one saved or deleted in this process is dropped at once (the receivers
-    below), and one revoked elsewhere is answered for at most that long after it was read."""
+    below), and one revoked elsewhere is answered for at most that long after it was read. A
+    key used past half that time is read again after the answer that used it (`refresh`), so
+    that a key in steady use is never read on a request's path."""
 
     LIMIT = 1024
 
     def __init__(self) -> None:
         self._found: dict[str, tuple[float, ApiKey]] = {}
+        # Keys used past half their time here, to be read again after the answer that used
+        # them (`refresh`), so that a key in steady use is not read on a request's path.
+        self._due: set[str] = set()
+        self._lock = threading.Lock()
 
     def get(self, key_hash: str) -> ApiKey | None:
         found = self._found.get(key_hash)
         if found is None:
             return None
         read_at, api_key = found
-        if time.monotonic() - read_at >= settings.RUNS_API_KEY_CACHE_SECONDS:
+        age = time.monotonic() - read_at
+        if age >= settings.RUNS_API_KEY_CACHE_SECONDS:
             self._found.pop(key_hash, None)
             return None
+        if age >= settings.RUNS_API_KEY_CACHE_SECONDS / 2:
+            self._due.add(key_hash)
         return api_key
+
+    def refresh_due(self) -> bool:
+        """Whether a key used past half its time awaits `refresh`."""
+        return bool(self._due)
+
+    def refresh(self) -> None:
+        """Read again the keys used past half their time: each found active is kept for
+        another `RUNS_API_KEY_CACHE_SECONDS` from this read, any other is dropped. The server
+        calls it on a thread once it has answered (runsite/handlers.py); a key is still never
+        answered for longer than that after it was last read."""
+        with self._lock:
+            due, self._due = self._due, set()
+        for key_hash in due:
+            api_key = selectors.api_key_for_hash(key_hash)
+            if api_key is None:
+                self.forget(key_hash)
+            else:
+                self.put(api_key)
 
     def put(self, api_key: ApiKey) -> None:
         if settings.RUNS_API_KEY_CACHE_SECONDS <= 0:

@@ -855,7 +855,14 @@ def api_key_for_raw(raw: str) -> Any:
 
     if not raw:
         return None
-    return row_by(ApiKey, key_hash=ApiKey.hash_key(raw), revoked_at=None)
+    return api_key_for_hash(ApiKey.hash_key(raw))
+
+
+def api_key_for_hash(key_hash: str) -> Any:
+    """The active ApiKey with this hash (`ApiKey.hash_key`), or None."""
+    from runs.models import ApiKey
+
+    return row_by(ApiKey, key_hash=key_hash, revoked_at=None)
 
 
 def run_stream_state(
