@@ -264,3 +264,43 @@ def test_createapikey_prints_the_raw_key_alone_on_the_last_line(api: Client) -> 
     key = ApiKey.objects.get(name="ci")
     assert key.resource_id == "acme" and key.key_hash == ApiKey.hash_key(raw)
     assert call(api, "post", "/threads/search", raw, {}).status_code == 200
+
+
+def test_a_key_being_read_again_is_not_marked_again_by_the_requests_meanwhile(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of requests past half a key's time reads it again once: the requests answered
+    while that read is under way do not mark it again."""
+    import threading
+    import time
+
+    from runs import selectors
+    from runs.api.auth import _RecentKeys
+
+    settings.RUNS_API_KEY_CACHE_SECONDS = 60
+    services.api_key_create(name="burst")
+    key = ApiKey.objects.get(name="burst")
+    kept = _RecentKeys()
+    kept.put(key)
+    kept._found[key.key_hash] = (time.monotonic() - 31, key)  # past half its time
+    reading, release = threading.Event(), threading.Event()
+    reads: list[str] = []
+
+    def slow_read(key_hash: str) -> Any:
+        reads.append(key_hash)
+        reading.set()
+        release.wait(5)
+        return key
+
+    monkeypatch.setattr(selectors, "api_key_for_hash", slow_read)
+    assert kept.get(key.key_hash) == key and kept.refresh_due()
+    refresher = threading.Thread(target=kept.refresh)
+    refresher.start()
+    assert reading.wait(5)
+    for _ in range(5):  # answered meanwhile, the key still as old
+        assert kept.get(key.key_hash) == key
+    assert not kept.refresh_due()
+    release.set()
+    refresher.join(5)
+    assert reads == [key.key_hash]
+    assert kept.get(key.key_hash) == key and not kept.refresh_due()  # kept from the new read

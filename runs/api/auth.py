@@ -127,6 +127,7 @@ class _RecentKeys:
         # Keys used past half their time here, to be read again after the answer that used
         # them (`refresh`), so that a key in steady use is not read on a request's path.
         self._due: set[str] = set()
+        self._reading: set[str] = set()  # taken by `refresh`, not marked again meanwhile
         self._lock = threading.Lock()
 
     def get(self, key_hash: str) -> ApiKey | None:
@@ -138,7 +139,7 @@ class _RecentKeys:
         if age >= settings.RUNS_API_KEY_CACHE_SECONDS:
             self._found.pop(key_hash, None)
             return None
-        if age >= settings.RUNS_API_KEY_CACHE_SECONDS / 2:
+        if age >= settings.RUNS_API_KEY_CACHE_SECONDS / 2 and key_hash not in self._reading:
             self._due.add(key_hash)
         return api_key
 
@@ -152,13 +153,18 @@ class _RecentKeys:
         calls it on a thread once it has answered (runsite/handlers.py); a key is still never
         answered for longer than that after it was last read."""
         with self._lock:
-            due, self._due = self._due, set()
-        for key_hash in due:
-            api_key = selectors.api_key_for_hash(key_hash)
-            if api_key is None:
-                self.forget(key_hash)
-            else:
-                self.put(api_key)
+            due, self._due = self._due - self._reading, set()
+            self._reading |= due
+        try:
+            for key_hash in due:
+                api_key = selectors.api_key_for_hash(key_hash)
+                if api_key is None:
+                    self.forget(key_hash)
+                else:
+                    self.put(api_key)
+        finally:
+            with self._lock:
+                self._reading -= due
 
     def put(self, api_key: ApiKey) -> None:
         if settings.RUNS_API_KEY_CACHE_SECONDS <= 0:
