@@ -78,15 +78,24 @@ def print_paired(name: str, a: list[float], b: list[float]) -> None:
     )
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def paired_servers(
+    doc: str, pairs: int, parser: argparse.ArgumentParser | None = None
+) -> tuple[argparse.Namespace, list[Any]]:
+    """The command line every paired bench takes (--a, --b, --pairs, and `parser`'s own
+    options), parsed, with a client per server; prints the machine."""
+    parser = parser or argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--a", required=True, help="env file of server A (start_runsite.sh)")
     parser.add_argument("--b", required=True, help="env file of server B")
-    parser.add_argument("--pairs", type=int, default=60)
-    parser.add_argument("--action", choices=["interrupt", "rollback", "both"], default="both")
+    parser.add_argument("--pairs", type=int, default=pairs)
     args = parser.parse_args()
-    clients = clients_of([args.a, args.b])
     print(f"machine: {machine()}")
+    return args, clients_of([args.a, args.b])
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--action", choices=["interrupt", "rollback", "both"], default="both")
+    args, clients = paired_servers(__doc__, 60, parser)
     actions = ["interrupt", "rollback"] if args.action == "both" else [args.action]
     for action in actions:
 

@@ -13,7 +13,6 @@ cancel is by status, as the harness's is).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import time
@@ -21,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine  # noqa: E402
-from paired_cancel import alternated, clients_of, print_paired  # noqa: E402
+from paired_cancel import alternated, paired_servers, print_paired  # noqa: E402
 
 RUNS = 10  # the harness's --many
 TERMINAL = {"success", "error", "interrupted", "timeout"}
@@ -56,13 +54,7 @@ async def one_bulk_cancel(client: Any) -> tuple[float, float]:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--a", required=True, help="env file of server A (start_runsite.sh)")
-    parser.add_argument("--b", required=True, help="env file of server B")
-    parser.add_argument("--pairs", type=int, default=20)
-    args = parser.parse_args()
-    clients = clients_of([args.a, args.b])
-    print(f"machine: {machine()}")
+    args, clients = paired_servers(__doc__, 20)
 
     async def measure(client: Any, _: int) -> tuple[float, float]:
         return await one_bulk_cancel(client)

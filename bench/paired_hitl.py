@@ -14,7 +14,6 @@ include the harness's `bench_approval` (the peers' `bench_agents.py`).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import time
@@ -22,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine  # noqa: E402
-from paired_cancel import alternated, clients_of, print_paired  # noqa: E402
+from paired_cancel import alternated, paired_servers, print_paired  # noqa: E402
 
 
 async def one_hitl(client: Any, rep: int) -> tuple[float, float]:
@@ -48,13 +46,7 @@ async def one_hitl(client: Any, rep: int) -> tuple[float, float]:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--a", required=True, help="env file of server A (start_runsite.sh)")
-    parser.add_argument("--b", required=True, help="env file of server B")
-    parser.add_argument("--pairs", type=int, default=60)
-    args = parser.parse_args()
-    clients = clients_of([args.a, args.b])
-    print(f"machine: {machine()}")
+    args, clients = paired_servers(__doc__, 60)
     a, b = await alternated(clients, args.pairs, one_hitl)
     for index, name in ((0, "to suspension"), (1, "resume → success")):
         print_paired(name, [leg[index] for leg in a], [leg[index] for leg in b])
