@@ -26,7 +26,7 @@ RUNS = 10  # the harness's --many
 TERMINAL = {"success", "error", "interrupted", "timeout"}
 
 
-async def one_bulk_cancel(client: Any) -> tuple[float, float]:
+async def one_bulk_cancel(client: Any, _round: int) -> tuple[float, float]:
     """(the call, the call to all terminal), in ms."""
     threads = [(await client.threads.create())["thread_id"] for _ in range(RUNS)]
     runs = await asyncio.gather(
@@ -55,11 +55,7 @@ async def one_bulk_cancel(client: Any) -> tuple[float, float]:
 
 async def main() -> None:
     args, clients = paired_servers(__doc__, 20)
-
-    async def measure(client: Any, _: int) -> tuple[float, float]:
-        return await one_bulk_cancel(client)
-
-    a, b = await alternated(clients, args.pairs, measure)
+    a, b = await alternated(clients, args.pairs, one_bulk_cancel)
     print_paired("cancel_many call", [x[0] for x in a], [x[0] for x in b])
     print_paired("cancel_many all terminal", [x[1] for x in a], [x[1] for x in b])
 
