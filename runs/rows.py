@@ -474,12 +474,10 @@ def execute_last(
     raw = psycopg.RawCursor(pg)
     try:
         # Planned once per connection, as `execute_planned` does it, in the same round trip.
-        with connection.wrap_database_errors, pg.pipeline():
-            pg.execute(_GENERIC_PLANS)
+        with connection.wrap_database_errors, pg.generic_plans_only(), pg.pipeline():
             for before_sql, before_params in before:
                 raw.execute(numbered(before_sql), before_params, prepare=True)
             cursor.cursor.execute(sql, params, prepare=True)
-            pg.execute(_PLANS_AS_BEFORE)
             pg.queue_commit()
     finally:
         raw.close()
@@ -523,7 +521,8 @@ def _rows_numbered(
     return rows, names
 
 
-# The hot statements' plan, made once per connection (see `_execute_planned_once`).
+# The hot statements' plan, made once per connection (see `_execute_planned_once`), where
+# the connection cannot keep it between them itself (not a LazyBeginConnection).
 _GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 _PLANS_AS_BEFORE = "RESET plan_cache_mode"
 
@@ -543,17 +542,29 @@ def _execute_planned_once(raw: Any, sql: str, params: Any, *, commit: bool = Fal
     restart, paid it eight times per statement (a worker's new run thread, a web process's
     first requests). Here the statement is prepared at its first execution and runs with
     `plan_cache_mode = force_generic_plan`, set and reset around it in the same pipeline (one
-    round trip): PostgreSQL plans it once. A SET is transactional: when the statement fails,
-    the rollback of its transaction (the pipeline's own, outside one) undoes the SET with it;
-    every other statement keeps the server's plan choice. With prepared statements off
+    round trip): PostgreSQL plans it once. Runsite's connections keep that setting from one
+    hot statement to the next and send it, or its `RESET` before any other statement with
+    parameters, only when the session does not have it already (`generic_plans_only`,
+    runsite/postgres/lazy_begin.py); any other connection sets and resets it around the
+    statement. A SET is transactional: when the statement fails, the rollback of its
+    transaction (the pipeline's own, outside one) undoes the SET with it; every other statement
+    keeps the server's plan choice. With prepared statements off
     (`DATABASE_PREPARE_THRESHOLD=0`) psycopg prepares nothing, asked or not."""
     conn = raw.connection
-    with conn.pipeline():
-        conn.execute(_GENERIC_PLANS)
-        raw.execute(sql, params, prepare=True)
-        conn.execute(_PLANS_AS_BEFORE)
-        if commit:
-            conn.queue_commit()  # (runsite/postgres/lazy_begin.py)
+    if not hasattr(conn, "generic_plans_only"):  # not a LazyBeginConnection
+        with conn.pipeline():
+            conn.execute(_GENERIC_PLANS)
+            raw.execute(sql, params, prepare=True)
+            conn.execute(_PLANS_AS_BEFORE)
+        return
+    with conn.generic_plans_only():
+        if commit or conn._pipeline is not None or conn.begin_pending or conn.plans_due():
+            with conn.pipeline():  # what goes first in the same round trip
+                raw.execute(sql, params, prepare=True)
+                if commit:
+                    conn.queue_commit()  # (runsite/postgres/lazy_begin.py)
+        else:
+            raw.execute(sql, params, prepare=True)
 
 
 def execute_planned(cursor: Any, sql: str, params: Any) -> None:

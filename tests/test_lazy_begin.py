@@ -4,6 +4,7 @@ round trip less per transaction, and a transaction that still is one."""
 from __future__ import annotations
 
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -323,12 +324,13 @@ def test_a_runs_hot_transactions_send_no_commit_of_their_own(drain: Any) -> None
     # The approved call's `running` mark went with the claim: no statement of its own.
     assert not any("w AS (UPDATE" in m for m in sent), round_trips(sent)
     # The end: its held writes (the refund's outcome), its fenced statement and, queued behind
-    # it, the reset of its plan mode (rows.execute_last) and its COMMIT (prepared by now: a
-    # Bind, not a Query), in one round trip.
+    # it, its COMMIT, in one round trip; no plan mode's reset (the connection keeps it for the
+    # next hot statement: runsite/postgres/lazy_begin.py).
     [end] = [trip for trip in round_trips(sent) if any("runs_lease_held" in m for m in trip)]
     assert any('UPDATE "runs_toolcall"' in m for m in end), end
     after_end = end[next(i for i, m in enumerate(end) if "runs_lease_held" in m) :]
-    assert sum(m.startswith("Execute") for m in after_end) == 3, end
+    assert sum(m.startswith("Execute") for m in after_end) == 2, end
+    assert not any("plan_cache_mode" in m for m in after_end), end
     with traced() as sent:
         services.run_create(agent_id="echo", thread_id=thread.id, input={"x": 1}, actor="test")
         drain()
@@ -355,10 +357,10 @@ def test_a_bulk_cancel_takes_two_round_trips(action: str) -> None:
     lock, write = trips
     assert any("BEGIN" in m for m in lock), lock
     assert any("FOR NO KEY UPDATE" in m and "runs_thread" in m for m in lock), lock
-    # The write, then (prepared by now: Binds without text) its plan's reset and the COMMIT:
-    # no round trip of its own for the COMMIT, yet committed (another connection sees it).
+    # The write, then the COMMIT: no round trip of its own for the COMMIT, yet committed
+    # (another connection sees it).
     at = next(i for i, m in enumerate(write) if "WITH w0 AS" in m)
-    assert sum(m.startswith("Execute") for m in write[at:]) == 3, write
+    assert sum(m.startswith("Execute") for m in write[at:]) == 2, write
     assert connection.in_atomic_block is False
     with other_connection() as other:
         ids = [str(t.id) for t in threads]
@@ -416,3 +418,29 @@ def test_a_transaction_begun_by_hand_keeps_its_commit() -> None:
     finally:
         transaction.set_autocommit(True)
     assert Thread.objects.get(id=thread.id).metadata == {}
+
+
+def test_the_plan_mode_of_hot_statements_is_sent_only_when_it_changes() -> None:
+    """Hot statements one after another send no plan mode after the first; the next statement
+    with parameters sends its reset in its own round trip, and one without none at all."""
+    from runs.rows import execute_planned
+
+    hot = "SELECT id FROM runs_thread WHERE id = %s"
+    other = "SELECT id FROM runs_thread WHERE id <> %s LIMIT 1"
+    key = uuid.uuid4()
+
+    def modes(trip: list[str]) -> list[str]:
+        return [m for m in trip if "plan_cache_mode" in m]
+
+    with connection.cursor() as cursor:
+        cursor.execute(other, [key])  # the server's choice, whatever came before
+        with traced() as sent:
+            execute_planned(cursor, hot, [key])
+            execute_planned(cursor, hot, [key])
+            cursor.execute("SELECT 1")
+            cursor.execute(other, [key])
+    first, second, plain, after = round_trips(sent)
+    assert len(modes(first)) == 1 and "SET plan_cache_mode" in modes(first)[0], first
+    assert modes(second) == [] and modes(plain) == [], sent
+    assert len(modes(after)) == 1 and "RESET plan_cache_mode" in modes(after)[0], after
+    assert any("id <> $1" in m for m in after), after

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -217,8 +218,18 @@ def test_a_new_connection_plans_the_hot_statements_of_a_run_once() -> None:
 
 
 def _plan_mode() -> str:
+    """The plan mode a statement with parameters (any but a hot one) runs with."""
     with connection.cursor() as cursor:
-        cursor.execute("SHOW plan_cache_mode")
+        cursor.execute("SELECT current_setting('plan_cache_mode') WHERE %s", [True])
+        return str(cursor.fetchone()[0])
+
+
+def _hot_plan_mode() -> str:
+    """The plan mode a hot statement (rows.execute_planned) runs with."""
+    from runs.rows import execute_planned
+
+    with connection.cursor() as cursor:
+        execute_planned(cursor, "SELECT current_setting('plan_cache_mode') WHERE %s", [True])
         return str(cursor.fetchone()[0])
 
 
@@ -278,8 +289,9 @@ def test_a_statement_prepared_in_a_pipeline_that_failed_before_it_is_prepared_ag
 
 @pytest.mark.django_db(transaction=True)
 def test_hot_writes_that_fail_on_a_new_connection_leave_it_able_to_run_them() -> None:
-    """A hot write's pipeline ends with `RESET plan_cache_mode`: on a new connection, the failed
-    writes that skip it reach psycopg's threshold for it, and the writes after them still run."""
+    """On a new connection, hot writes that fail (their pipelines' statements counted towards
+    psycopg's threshold, then skipped by the server) leave it able to run them; the plan mode
+    sent with them is never counted (a command of the connection's own)."""
     from django.db import DataError
 
     connection.close()
@@ -287,9 +299,54 @@ def test_hot_writes_that_fail_on_a_new_connection_leave_it_able_to_run_them() ->
     connection.ensure_connection()
     prepared = connection.connection._prepared
     assert not [k for k in [*prepared._counts, *prepared._names] if b"plan_cache_mode" in k[0]]
-    _hot_write(1)  # its statement prepared: the writes below send their RESET behind it
+    _hot_write(1)  # its statement prepared
     for _ in range(4):
         with pytest.raises(DataError):
             _hot_write(0, fails_after=0.05)
     _hot_write(1)
+    assert _plan_mode() == "auto"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hot_statements_run_with_the_generic_plan_and_the_rest_as_before_after_any_rollback() -> (
+    None
+):
+    """The connection keeps the hot statements' plan mode between them and sends it, or its
+    reset, only when needed (runsite/postgres/lazy_begin.py): whatever a rollback undid (of a
+    transaction, to a savepoint, of a failed hot write's own), a hot statement still runs with
+    the generic plan and any other statement with parameters with the server's choice."""
+    from django.db import DataError, transaction
+
+    assert (_plan_mode(), _hot_plan_mode(), _hot_plan_mode()) == (
+        "auto",
+        "force_generic_plan",
+        "force_generic_plan",
+    )
+    assert _plan_mode() == "auto"
+
+    class Undo(Exception):
+        pass
+
+    def rolled_back(mode: Callable[[], str], expected: str) -> None:
+        """`mode` in a block rolled back: a transaction, or a savepoint inside one."""
+        with pytest.raises(Undo), transaction.atomic():
+            assert mode() == expected
+            raise Undo
+
+    # Set, then reset, each in a transaction that is rolled back: each undone.
+    rolled_back(_hot_plan_mode, "force_generic_plan")
+    assert _hot_plan_mode() == "force_generic_plan"
+    rolled_back(_plan_mode, "auto")
+    assert _plan_mode() == "auto"
+    # The same in savepoints that are rolled back to.
+    with transaction.atomic():
+        rolled_back(_hot_plan_mode, "force_generic_plan")
+        assert _hot_plan_mode() == "force_generic_plan"
+        rolled_back(_plan_mode, "auto")
+        assert _plan_mode() == "auto"
+    # A hot write that fails on its own: its implicit transaction, the SET in it, rolled back.
+    assert _plan_mode() == "auto"
+    with pytest.raises(DataError):
+        _hot_write(0)
+    assert _hot_plan_mode() == "force_generic_plan"
     assert _plan_mode() == "auto"

@@ -81,6 +81,12 @@ class DatabaseWrapper(base.DatabaseWrapper):
         self._transaction_ended()
         super()._rollback()  # type: ignore[misc]
 
+    def _savepoint_rollback(self, sid: str) -> None:
+        super()._savepoint_rollback(sid)  # type: ignore[misc]
+        conn = self.connection
+        if isinstance(conn, LazyBeginConnection):
+            conn.generic_plans = None  # a plan mode sent since the savepoint is undone
+
     def _transaction_ended(self) -> None:
         conn = self.connection
         if isinstance(conn, LazyBeginConnection):

@@ -26,10 +26,26 @@ suspension, a run's end): one round trip less again. Django's own commit then fi
 connection idle and sends nothing (psycopg's `commit()` does nothing outside a transaction); its
 on-commit hooks run as before. Anything the code tries to run in the transaction after that
 statement is refused (`ProgrammingError`) instead of running outside it.
+
+A connection also keeps its hot statements' plan mode between them (`generic_plans_only`).
+Runsite's hand-written hot statements run with `plan_cache_mode = force_generic_plan`, so that
+PostgreSQL plans each once per connection (runs/rows.py `_execute_planned_once`); every other
+statement keeps the server's choice of plan. That setting was set and reset around each hot
+statement in its pipeline: two statements more for each one, ~20 % of the client's CPU per echo
+run and ~8 % of PostgreSQL's (`bench/run_cpu.py`, docs/benchmarks.md). Here the connection sends
+the `SET` before a hot statement and the `RESET` before the next statement with parameters that
+is not one, only when the session's setting is not already the one needed (in the same pipeline,
+one round trip): a worker's connections, which run little else, keep it set. A statement without
+parameters has no plan to choose and changes nothing. A `SET` is transactional, so after a
+rollback (of a transaction, to a savepoint, or of a pipeline's implicit transaction when a
+statement failed) the connection no longer knows the setting and sends it again before the next
+statement that needs one or the other.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -38,6 +54,8 @@ from psycopg import pq
 from psycopg.abc import PQGen
 
 _IDLE = pq.TransactionStatus.IDLE
+_GENERIC_PLANS = b"SET plan_cache_mode = force_generic_plan"
+_SERVER_PLANS = b"RESET plan_cache_mode"
 
 
 class LazyBeginConnection(psycopg.Connection[Any]):
@@ -47,6 +65,12 @@ class LazyBeginConnection(psycopg.Connection[Any]):
     # The transaction was committed with its last statement (`queue_commit`); Django has not
     # ended it yet (runsite/postgres/base.py clears this when it does).
     committed_early = False
+    # The session's `plan_cache_mode` as far as this connection knows: False (the server's own
+    # choice, as at connect), True (force_generic_plan), None (unknown: rolled back since).
+    generic_plans: bool | None = False
+    # What the statement being started needs: True for a hot one (`generic_plans_only`), False
+    # for another with parameters (`FirstStatementWithBegin`), None for one without (no plan).
+    plans_wanted: bool | None = None
 
     def _start_query(self) -> PQGen[None]:
         # psycopg's hook before every statement (its own BEGIN lives here); pinned in
@@ -60,8 +84,43 @@ class LazyBeginConnection(psycopg.Connection[Any]):
             self.begin_pending = False
             # Queued behind nothing in a pipeline (sent with the statement), else sent now.
             yield from self._exec_command(self._get_tx_start_command())
-            return
-        yield from super()._start_query()
+        else:
+            yield from super()._start_query()
+        wanted = self.plans_wanted
+        if wanted is not None and wanted is not self.generic_plans:
+            # In a transaction just begun, after its BEGIN: rolled back with it.
+            self.generic_plans = wanted
+            yield from self._exec_command(_GENERIC_PLANS if wanted else _SERVER_PLANS)
+
+    def plans_due(self) -> bool:
+        """Whether the statement about to start needs the plan mode sent first."""
+        wanted = self.plans_wanted
+        return wanted is not None and wanted is not self.generic_plans
+
+    @contextmanager
+    def generic_plans_only(self) -> Iterator[None]:
+        """Statements started in the block (hot ones: runs/rows.py) run with `plan_cache_mode =
+        force_generic_plan`; the connection sends it before the first of them unless the
+        session has it already, and leaves it set after the block."""
+        previous = self.plans_wanted
+        self.plans_wanted = True
+        try:
+            yield
+        finally:
+            self.plans_wanted = previous
+
+    def wait(self, gen: PQGen[Any], *args: Any, **kwargs: Any) -> Any:
+        # Every statement, pipeline Sync, COMMIT and ROLLBACK goes through here: one that
+        # failed rolled back the transaction it was in, with any SET sent in it.
+        try:
+            return super().wait(gen, *args, **kwargs)
+        except BaseException:
+            self.generic_plans = None
+            raise
+
+    def rollback(self) -> None:
+        self.generic_plans = None  # undone with the transaction, if sent in it
+        super().rollback()
 
     def queue_commit(self) -> None:
         """Queue the transaction's COMMIT in the open pipeline, behind its last statement: both
@@ -71,7 +130,7 @@ class LazyBeginConnection(psycopg.Connection[Any]):
         transaction rolled back."""
         if self._pipeline is None:
             raise psycopg.ProgrammingError("queue_commit() needs an open pipeline")
-        self.execute("COMMIT")
+        self.wait(self._exec_command(b"COMMIT"))  # queued: its result is checked at the Sync
         self.committed_early = True
 
 
@@ -83,14 +142,23 @@ class FirstStatementWithBegin:
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         conn = self._conn
-        # Only a statement with parameters: it goes by the extended protocol anyway, as in a
-        # pipeline; one without may hold several statements (a migration's SQL), which only
-        # the simple protocol takes.
-        if params and getattr(conn, "begin_pending", False) and conn._pipeline is None:
-            with conn.pipeline():
-                super().execute(query, params, **kwargs)  # type: ignore[misc]
-            return self
-        return super().execute(query, params, **kwargs)  # type: ignore[misc]
+        if not isinstance(conn, LazyBeginConnection):
+            return super().execute(query, params, **kwargs)  # type: ignore[misc]
+        previous = conn.plans_wanted
+        # A statement with parameters needs the server's plan choice, but in a hot block; one
+        # without has no plan to choose and changes nothing.
+        conn.plans_wanted = (previous or False) if params else None
+        try:
+            # Only a statement with parameters goes in a pipeline: it goes by the extended
+            # protocol anyway; one without may hold several statements (a migration's SQL),
+            # which only the simple protocol takes.
+            if params and conn._pipeline is None and (conn.begin_pending or conn.plans_due()):
+                with conn.pipeline():
+                    super().execute(query, params, **kwargs)  # type: ignore[misc]
+                return self
+            return super().execute(query, params, **kwargs)  # type: ignore[misc]
+        finally:
+            conn.plans_wanted = previous
 
 
 class ServerBindingCursor(FirstStatementWithBegin, base.ServerBindingCursor):
