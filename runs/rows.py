@@ -78,7 +78,8 @@ def _statement(
 def row_by(model: type[M], **equal: Any) -> M | None:  # noqa: UP047 - checks on Python 3.11 parse this file
     """`model.objects.filter(**equal).first()` for equality on concrete columns (None: IS NULL).
 
-    One of the columns must be the primary key or unique: it reads at most one row. The lookups
+    One of the columns must be the primary key or unique: it reads at most one row, planned
+    once per connection as the hot statements are (`execute_planned`). The lookups
     are the fields' names (`thread_id` or `thread` alike); values go through the field's own
     preparation, so a UUID or a model instance is accepted where the ORM accepts it.
     """
@@ -92,7 +93,9 @@ def row_by(model: type[M], **equal: Any) -> M | None:  # noqa: UP047 - checks on
         for name, field in statement.lookups
     ]
     with connection.cursor() as cursor:
-        cursor.execute(statement.sql, params)
+        # By key: the generic plan is the one to keep (`execute_planned`), and a connection
+        # that serves hot statements keeps their plan mode through it.
+        execute_planned(cursor, statement.sql, params)
         row = cursor.fetchone()
     if row is None:
         return None

@@ -27,15 +27,25 @@ def _prepared() -> list[str]:
 
 
 def test_it_prepares_a_statement_the_connection_runs_again() -> None:
+    from runs.models import Thread
+
     thread = services.thread_create(metadata={})
     for _ in range(2):
-        selectors.thread_get(thread.id)
+        Thread.objects.filter(metadata__isnull=False).get(id=thread.id)
     assert not [s for s in _prepared() if 'FROM "runs_thread"' in s]
     # Run twice (DATABASE_PREPARE_THRESHOLD defaults to 2), the third call prepares it: its
     # parameter bound by the server, the plan kept on the connection.
-    assert selectors.thread_get(thread.id).id == thread.id
+    assert Thread.objects.filter(metadata__isnull=False).get(id=thread.id).id == thread.id
     assert [s for s in _prepared() if 'FROM "runs_thread"' in s and "$1" in s]
+    assert Thread.objects.filter(metadata__isnull=False).get(id=thread.id).id == thread.id
+
+
+def test_a_read_by_key_is_prepared_at_its_first_call() -> None:
+    """`rows.row_by` (a run's or a thread's read by key) is planned as the hot statements are:
+    prepared at its first call, with the generic plan."""
+    thread = services.thread_create(metadata={})
     assert selectors.thread_get(thread.id).id == thread.id
+    assert [s for s in _prepared() if 'FROM "runs_thread"' in s and "LIMIT 1" in s]
 
 
 PROBE = """

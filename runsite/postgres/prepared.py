@@ -7,10 +7,11 @@ before its Parse (an earlier statement raised, so the server skipped the rest), 
 the cache although the server never prepared it: every later execution on that connection
 fails with `prepared statement "_pg3_…" does not exist` (psycopg 3.3.9).
 
-Runsite's hot writes run in pipelines (`runs/rows.py`: `SET plan_cache_mode`, the statement,
-`RESET plan_cache_mode`, sometimes the `COMMIT`), so a hot write that failed at the moment its
-`RESET` or `COMMIT` reached the threshold broke every hot write after it on that connection
-(tests/test_prepared.py). Here such a statement's outcome is checked as a new one's is: when it
+Runsite's hot writes run in pipelines (`runs/rows.py`: statements sent together, the plan mode
+and sometimes the `COMMIT` with them), so a hot write that failed at the moment a statement
+behind it reached the threshold broke every call of that statement after it on that connection
+(tests/test_prepared.py; the plan mode and the `COMMIT` were such statements until they became
+the connection's own commands, which psycopg does not prepare). Here such a statement's outcome is checked as a new one's is: when it
 failed or was skipped, psycopg forgets the name and prepares the statement again next time.
 """
 
