@@ -444,3 +444,19 @@ def test_the_plan_mode_of_hot_statements_is_sent_only_when_it_changes() -> None:
     assert modes(second) == [] and modes(plain) == [], sent
     assert len(modes(after)) == 1 and "RESET plan_cache_mode" in modes(after)[0], after
     assert any("id <> $1" in m for m in after), after
+
+
+def test_a_pipeline_raises_the_error_not_the_aborted_statements_behind_it() -> None:
+    """A statement fails and its error is back before anything queued behind it is sent (a
+    command of the connection's own, sent at the Sync: a COMMIT, a plan mode): the pipeline
+    raises that error, not the `pipeline aborted` of what the server skipped."""
+    import time
+
+    connection.ensure_connection()
+    conn = connection.connection
+    for _ in range(5):
+        with pytest.raises(psycopg.errors.DivisionByZero), conn.pipeline():
+            conn.execute("SELECT 1 / (%s + 0 * length(pg_sleep(0.01)::text))", [0])
+            time.sleep(0.05)  # its error is back
+            conn.wait(conn._exec_command(b"SELECT 1"))  # queued behind it, skipped
+    assert conn.execute("SELECT %s::int", [1]).fetchone() == (1,)

@@ -288,3 +288,25 @@ def test_column_names_are_what_the_cursors_description_names() -> None:
         cursor.fetchall()
         assert column_names(cursor.cursor) == tuple(c[0] for c in cursor.description)
         assert column_names(cursor.cursor) == ("one", "Two", "one", "ünï")
+
+
+def test_compact_drops_comments_and_spaces_but_not_inside_quotes() -> None:
+    from runs.rows import compact
+
+    sql = """
+    SELECT 'a  -- kept', "an  id" -- it's a comment, quote and all
+      FROM t   WHERE a-1 = %(x)s  -- another
+    """
+    assert compact(sql) == """SELECT 'a  -- kept', "an  id" FROM t WHERE a-1 = %(x)s"""
+    with pytest.raises(ValueError):
+        compact("SELECT $$ a $$")
+
+
+def test_the_claim_is_short_enough_for_psycopg_to_convert_once() -> None:
+    """psycopg converts a statement's placeholders on every call past this length; a claim is
+    made once or more per run."""
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    from runs.services.queue import _claim_sql_postgres
+
+    assert len(_claim_sql_postgres(10).encode()) <= MAX_CACHED_STATEMENT_LENGTH

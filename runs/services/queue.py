@@ -26,7 +26,7 @@ from runs.models import (
     ToolCall,
     ToolCallStatus,
 )
-from runs.rows import execute_planned, instances, instances_from_json
+from runs.rows import compact, execute_planned, instances, instances_from_json
 from runs.services.cancel import _apply_cancel
 from runs.services.core import (
     LEASE_CLEARED,
@@ -177,6 +177,9 @@ SELECT 1 FROM runs_run
 """
 
 
+_CLAIM_SENT = compact(_CLAIM_SQL_POSTGRES)  # converted once by psycopg, not at every claim
+
+
 @functools.cache
 def _claim_sql_postgres(limit: int) -> str:
     """The claim for up to `limit` runs, the limit written in (a worker uses a few: one prepared
@@ -184,7 +187,7 @@ def _claim_sql_postgres(limit: int) -> str:
     goes and costs it far above the custom plans, so it planned every claim again (~0.8 ms)."""
     if type(limit) is not int or limit < 1:
         raise ValueError(f"a claim's limit is a positive int, not {limit!r}")
-    return _CLAIM_SQL_POSTGRES.replace("{limit}", str(limit))
+    return _CLAIM_SENT.replace("{limit}", str(limit))
 
 
 def run_claim(*, owner: str, limit: int = 1, told: bool = False) -> list[ClaimedRun]:
