@@ -1,8 +1,9 @@
-"""CPU per echo run, the engine's own work without its threads: queued echo runs executed one
-after another in this process (`drain`, the worker's claim and execution), with the CPU this
-process spent (Python, Django, psycopg) and the CPU PostgreSQL's backends spent (read from /proc:
-the database must run on this machine), per run, and the wall time. To compare two commits, run
-it on each in turn, and back. Prints figures and the machine; never asserts a time.
+"""CPU per echo run, the engine's own work without its threads: queued echo runs executed one after
+another in this process (`drain`, the worker's claim and execution, publishing as a worker's run
+thread does), with the CPU this process spent (Python, Django, psycopg) and the CPU PostgreSQL's
+backends spent (read from /proc: the database must run on this machine), per run, and the wall
+time. To compare two commits, run it on each in turn, and back. Prints figures and the machine;
+never asserts a time.
 
     DATABASE_URL=postgres://…/runsite_bench python bench/run_cpu.py [--runs 3000] [--rounds 3]
 
@@ -47,14 +48,17 @@ def one_round(n: int) -> tuple[float, float, float]:
     """(this process's CPU, PostgreSQL's CPU, wall), ms per echo run."""
     from engine import queue_echo_runs, reset
 
+    from runs import live
     from runs.engine.worker import drain
 
     reset()
     queue_echo_runs(n + WARM_RUNS)
-    drain(max_runs=WARM_RUNS)
-    cpu, db, wall = time.process_time(), _backends_cpu(), time.monotonic()
-    done = drain(max_runs=n, timeout=600)
-    cpu, db, wall = time.process_time() - cpu, _backends_cpu() - db, time.monotonic() - wall
+    # As a worker's run thread: it publishes what it committed itself.
+    with live.sending_thread():
+        drain(max_runs=WARM_RUNS)
+        cpu, db, wall = time.process_time(), _backends_cpu(), time.monotonic()
+        done = drain(max_runs=n, timeout=600)
+        cpu, db, wall = time.process_time() - cpu, _backends_cpu() - db, time.monotonic() - wall
     if done != n:
         sys.exit(f"only {done} of {n} runs executed")
     return cpu / n * 1000, db / n * 1000, wall / n * 1000
