@@ -415,19 +415,23 @@ def statements_together(
 _PLACEHOLDER = re.compile(r"%(.|$)", re.DOTALL)
 # A statement's parts as `compact` reads them: a quoted literal or identifier (kept as it is), a
 # comment (dropped), whitespace (one space), anything else.
-_SQL_PARTS = re.compile(r"""('(?:[^']|'')*'|"(?:[^"]|"")*")|(--[^\n]*)|(\s+)|([^'"\s-]+|-)""")
+_SQL_PARTS = re.compile(
+    r"""('(?:[^']|'')*'|"(?:[^"]|"")*")|(--[^\n]*)|(\s+)|([^'"\s-]+|-)|(['"])"""
+)
 
 
 def compact(sql: str) -> str:
     """`sql` as sent: without its `--` comments, its whitespace outside quotes collapsed.
     psycopg converts a statement's placeholders once per text only while the text is at most
     4,096 bytes long (`MAX_CACHED_STATEMENT_LENGTH`), and on every call past that: the claim,
-    explained line by line, was 6,659. Dollar quotes and block comments are refused (none of
-    these statements has one)."""
+    explained line by line, was 6,659. Dollar quotes, block comments and a quote never closed
+    are refused (none of these statements has one)."""
     if "$$" in sql or "/*" in sql:
         raise ValueError("compact(): dollar quotes and block comments are not read")
     out: list[str] = []
-    for quoted, comment, space, other in _SQL_PARTS.findall(sql):
+    for quoted, comment, space, other, unclosed in _SQL_PARTS.findall(sql):
+        if unclosed:
+            raise ValueError(f"compact(): a quote {unclosed} that is never closed")
         if quoted or other:
             out.append(quoted or other)
         elif (space or comment) and out and out[-1] != " ":
@@ -579,6 +583,8 @@ def _execute_planned_once(raw: Any, sql: str, params: Any, *, commit: bool = Fal
             conn.execute(_GENERIC_PLANS)
             raw.execute(sql, params, prepare=True)
             conn.execute(_PLANS_AS_BEFORE)
+            if commit:
+                conn.queue_commit()  # refused there (no such method), as before
         return
     with conn.generic_plans_only():
         if commit or conn._pipeline is not None or conn.begin_pending or conn.plans_due():

@@ -300,6 +300,8 @@ def test_compact_drops_comments_and_spaces_but_not_inside_quotes() -> None:
     assert compact(sql) == """SELECT 'a  -- kept', "an  id" FROM t WHERE a-1 = %(x)s"""
     with pytest.raises(ValueError):
         compact("SELECT $$ a $$")
+    with pytest.raises(ValueError):
+        compact("SELECT 'never closed FROM t")
 
 
 def test_the_claim_is_short_enough_for_psycopg_to_convert_once() -> None:
