@@ -15,6 +15,13 @@ count varies by ~10 %). Operations, all in-process through runs/services (no HTT
 - echo: `run_create` of echo, then the worker's loop to its end.
 - cancel: `run_create` of slow, a claim, then `run_cancel(action=interrupt)` of the running run.
 
+And requests through the ASGI application (`runsite.asgi.application`) in process, as Daphne
+hands them over, with an API key (the server's own HTTP parsing and socket writes are not in it):
+
+- api_ok: `GET /api/ok`, the API's floor (no key, no database).
+- api_get: `runs.get` of a finished run.
+- api_cancel: `runs.cancel(wait=true)` of a queued run (created beforehand, not counted).
+
 Time per instruction differs between machines; compare commits on one machine. Needs valgrind
 (Debian's package).
 """
@@ -33,6 +40,9 @@ from _common import ROOT, machine, postgres_database, setup_django  # noqa: E402
 
 
 def workload(op: str, n: int) -> None:
+    if op.startswith("api_"):
+        api_workload(op, n)
+        return
     setup_django()
     from runs import services
     from runs.engine.worker import drain
@@ -62,8 +72,99 @@ def workload(op: str, n: int) -> None:
             raise SystemExit(f"unknown operation {op!r}")
 
 
+API_CANCEL_RUNS = 40
+
+
+def api_workload(op: str, n: int) -> None:
+    import asyncio
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "runsite.settings")
+    from runsite.asgi import application
+
+    setup_django()  # logging off, as for the others
+    from runs import services
+    from runs.engine.worker import drain
+
+    key = services.api_key_create(name=f"instructions-{os.getpid()}")[1]
+    ran = services.run_create(agent_id="echo", thread_id=None, input={"n": 1}, actor="bench")
+    drain()
+    # As many queued runs at every size (their creation is not the operation), n cancelled.
+    if op == "api_cancel" and n > API_CANCEL_RUNS:
+        raise SystemExit(f"api_cancel counts at most {API_CANCEL_RUNS} cancels")
+    queued = [
+        services.run_create(
+            agent_id="slow", thread_id=None, input={"steps": 5, "delay_ms": 10}, actor="bench"
+        )
+        for _ in range(API_CANCEL_RUNS if op == "api_cancel" else 0)
+    ][:n]
+
+    def request(method: str, path: str, query: bytes = b"") -> tuple[str, str, bytes]:
+        return method, path, query
+
+    if op == "api_ok":
+        requests = [request("GET", "/api/ok")] * n
+    elif op == "api_get":
+        requests = [request("GET", f"/api/threads/{ran.thread_id}/runs/{ran.id}")] * n
+    elif op == "api_cancel":
+        requests = [
+            request("POST", f"/api/threads/{r.thread_id}/runs/{r.id}/cancel", b"wait=true")
+            for r in queued
+        ]
+    else:
+        raise SystemExit(f"unknown operation {op!r}")
+
+    # An HTTP/1.1 request as Daphne hands it over, with the key; each request sets its own
+    # method, path and query string.
+    base = dict(
+        type="http",
+        asgi={"version": "3.0"},
+        http_version="1.1",
+        scheme="http",
+        root_path="",
+        headers=[(b"host", b"127.0.0.1"), (b"x-api-key", key.encode())],
+        client=("127.0.0.1", 50000),
+        server=("127.0.0.1", 8000),
+    )
+
+    async def serve(method: str, path: str, query: bytes) -> None:
+        scope = {**base, "method": method, "path": path, "raw_path": path.encode()}
+        scope["query_string"] = query
+        sent: list[dict] = []
+        received = False
+
+        async def receive() -> dict:
+            nonlocal received
+            if not received:
+                received = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await asyncio.Event().wait()  # the client stays
+            return {}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await application(scope, receive, send)
+        if sent[0]["status"] >= 300:
+            raise SystemExit(f"{method} {path}: {sent[0]['status']} {sent[1:2]}")
+
+    async def main() -> None:
+        for method, path, query in requests:
+            await serve(method, path, query)
+
+    asyncio.run(main())
+
+
 def count(op: str, n: int) -> int:
     env = {**os.environ, "PYTHONHASHSEED": "0"}
+    # Once without valgrind first: a source changed since its last import is compiled (and its
+    # .pyc written) there, not in the counted start-up (hundreds of millions more).
+    subprocess.run(
+        [sys.executable, __file__, "--run", op, "1"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     done = subprocess.run(
         [
             "valgrind",

@@ -7,6 +7,7 @@ presenters can all depend on it without import cycles.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeAlias
 from uuid import UUID, uuid5
 
@@ -142,8 +143,11 @@ class SuspendPlan:
 NAMESPACE_GRAPH = UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8")
 
 
+@lru_cache(maxsize=1024)
 def assistant_uuid(agent_id: str) -> str:
-    """The LangGraph system-assistant id of an agent (what clients filter threads by)."""
+    """The LangGraph system-assistant id of an agent (what clients filter threads by): a
+    name-based UUID, the same for the life of the process (each run's answer carries it twice,
+    each a SHA-1 and a UUID's formatting)."""
     return str(uuid5(NAMESPACE_GRAPH, agent_id))
 
 

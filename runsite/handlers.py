@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, sync_to_async
+from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.core import signals
 from django.core.exceptions import RequestAborted
@@ -142,7 +142,7 @@ class ApiHandler(ASGIHandler):
             logger.warning("api: reading the kept API keys again failed", exc_info=True)
 
     async def _in_pool(self, fn: Any, *args: Any) -> Any:
-        return await sync_to_async(fn, thread_sensitive=False, executor=self._pool)(*args)
+        return await streaming.on_pool(self._pool, fn, *args)
 
     async def _serve_async(self, scope: Any, receive: Any, send: Any, body_file: Any) -> None:
         """Django's `ASGIHandler.handle` for an async view, its sync parts on the pool."""

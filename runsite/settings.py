@@ -125,6 +125,9 @@ INSTALLED_APPS = [
     "channels",
     "corsheaders",
     "django_htmx",
+    # The API's docs page (/api/docs) then serves the Swagger UI bundled with django-ninja,
+    # from this server's static files; without it ninja's page loads it from a CDN.
+    "ninja",
     "runs",
 ]
 

@@ -367,7 +367,15 @@ def test_it_publishes_openapi_and_docs(api: Client) -> None:
     schema = api.get("/api/openapi.json").json()
     assert "/api/threads/{thread_id}/runs/stream" in schema["paths"]
     assert schema["components"]["securitySchemes"]["ApiKeyAuth"]["name"] == "x-api-key"
-    assert api.get("/api/docs").status_code == 200
+    docs = api.get("/api/docs")
+    assert docs.status_code == 200
+    # Served from this server's static files (django-ninja's bundled Swagger UI), no CDN.
+    page = docs.content.decode()
+    assert "/static/ninja/swagger-ui-bundle.js" in page
+    assert "cdn." not in page and "https://" not in page
+    from django.contrib.staticfiles import finders
+
+    assert finders.find("ninja/swagger-ui-bundle.js")  # collected with the rest
 
 
 # --- streaming endpoints on finished runs (they follow runs from other threads) ----------------

@@ -121,6 +121,36 @@ async def test_requests_in_parallel_are_served_side_by_side(key) -> None:
     assert len({r.json()["thread_id"] for r in responses}) == 12
 
 
+async def test_a_view_on_the_pool_builds_its_links_under_the_servers_root_path() -> None:
+    """The handler's pool runs a view in its thread's own context, not a copy of the event
+    loop's: the request's script prefix (a server's root path, behind a proxy that strips it)
+    is carried over, for the synchronous view and an asynchronous view's database calls."""
+    from runs.api import streaming
+    from runsite.handlers import ApiHandler
+
+    transport = httpx.ASGITransport(app=application, root_path="/base")
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as api:
+        # More requests than the pool has threads: each thread serves one under the prefix.
+        pages = await asyncio.gather(*(api.get("/api/docs") for _ in range(12)))
+    for page in pages:
+        assert page.status_code == 200
+        assert '"/base/api/openapi.json"' in page.text
+        assert '"/api/openapi.json"' not in page.text
+
+    from django.urls import get_script_prefix, set_script_prefix
+
+    handler = ApiHandler(threads=2)
+    token = streaming.API_EXECUTOR.set(handler._pool)
+    set_script_prefix("/elsewhere/")
+    try:
+        prefixes = [await streaming.db(get_script_prefix) for _ in range(4)]
+    finally:
+        streaming.API_EXECUTOR.reset(token)
+        set_script_prefix("/")
+        handler._pool.shutdown()
+    assert prefixes == ["/elsewhere/"] * 4
+
+
 @pytest.mark.parametrize("key_kept", [False, True])
 async def test_an_asynchronous_view_runs_its_sync_parts_on_the_pool(
     key, drain, monkeypatch, settings, key_kept

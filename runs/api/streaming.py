@@ -21,6 +21,7 @@ from uuid import UUID
 from asgiref.sync import sync_to_async
 from django.db import connection
 from django.http import StreamingHttpResponse
+from django.urls import get_script_prefix, set_script_prefix
 
 from runs import selectors, services
 from runs.exceptions import RunsError, ValidationFailed
@@ -54,6 +55,25 @@ API_EXECUTOR: contextvars.ContextVar[ThreadPoolExecutor | None] = contextvars.Co
 )
 
 
+async def on_pool(executor: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` on one of the executor's threads, in that thread's own context, as a WSGI
+    server's threads run a request: what the call sets there (Django's connections are
+    thread-critical, kept per thread either way) stays the thread's.
+
+    asgiref's `sync_to_async` runs the call in a copy of the loop's context and copies it
+    back, re-homing each of its Locals (a Django URL resolver holds one apiece: ~20 of them)
+    on the way in and out: about a tenth of a bare request's CPU here (docs/benchmarks.md). The
+    one value of the loop's a call needs, the request's script prefix, is carried over."""
+    prefix = get_script_prefix()
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(executor, _with_script_prefix, prefix, fn, args)
+
+
+def _with_script_prefix(prefix: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    set_script_prefix(prefix)
+    return fn(*args)
+
+
 async def db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run a database call off the event loop and hand its connection back right after.
 
@@ -73,7 +93,7 @@ async def db(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
     executor = API_EXECUTOR.get()
     if executor is not None:
-        return await sync_to_async(call, thread_sensitive=False, executor=executor)()
+        return await on_pool(executor, call)
     return await sync_to_async(call)()
 
 
