@@ -31,11 +31,18 @@ from django.core.exceptions import RequestAborted
 from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.db import connection
-from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_prefix
+from django.urls import (
+    Resolver404,
+    ResolverMatch,
+    URLResolver,
+    get_resolver,
+    set_script_prefix,
+)
 
 from runs import live
 from runs.api import streaming
 from runs.api.auth import api_key_auth
+from runsite.url_index import RouteIndex
 
 logger = logging.getLogger("runsite")
 
@@ -54,6 +61,7 @@ def _load_api_middleware(handler: base.BaseHandler, is_async: bool) -> None:
 # The URL match found on the event loop (to choose sync or async), kept in the ASGI scope so the
 # handler does not resolve the same path again on the thread.
 _MATCH = "runsite.resolver_match"
+API_PREFIX = "api/"
 _IS_ASYNC: dict[Any, bool] = {}
 
 
@@ -63,6 +71,22 @@ def _resolve_once(handler: base.BaseHandler, request: Any) -> ResolverMatch:
         return base.BaseHandler.resolve_request(handler, request)
     request.resolver_match = match
     return match
+
+
+_ROUTES: list[tuple[URLResolver, RouteIndex | URLResolver]] = []
+
+
+def _route_index() -> RouteIndex | URLResolver:
+    """The API's routes indexed by shape (runsite/url_index.py) under the project's resolver,
+    built again when that changes (a test's ROOT_URLCONF); the resolver itself when it has no
+    `api/` include."""
+    root = get_resolver()
+    if not _ROUTES or _ROUTES[0][0] is not root:
+        try:
+            _ROUTES[:] = [(root, RouteIndex(root, API_PREFIX))]
+        except ValueError:
+            _ROUTES[:] = [(root, root)]
+    return _ROUTES[0][1]
 
 
 def _is_async(view: Any) -> bool:
@@ -196,7 +220,7 @@ class ApiHandler(ASGIHandler):
     def _is_sync_view(self, scope: dict[str, Any]) -> bool:
         path = scope["path"]
         try:
-            match = get_resolver().resolve(path)
+            match = _route_index().resolve(path)
         except Resolver404:
             return True  # the 404 answer is rendered synchronously
         scope[_MATCH] = (path, match)

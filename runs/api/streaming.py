@@ -62,7 +62,8 @@ async def on_pool(executor: ThreadPoolExecutor, fn: Callable[..., Any], *args: A
 
     asgiref's `sync_to_async` runs the call in a copy of the loop's context and copies it
     back, re-homing each of its Locals (a Django URL resolver holds one apiece: ~20 of them)
-    on the way in and out: about a tenth of a bare request's CPU here (docs/benchmarks.md). The
+    on the way in and out: with it a bare request took ~40 % more instructions in process, a
+    `runs.get` ~20 % (docs/benchmarks.md). The
     one value of the loop's a call needs, the request's script prefix, is carried over."""
     prefix = get_script_prefix()
     loop = asyncio.get_running_loop()
