@@ -63,8 +63,10 @@ async def on_pool(executor: ThreadPoolExecutor, fn: Callable[..., Any], *args: A
     asgiref's `sync_to_async` runs the call in a copy of the loop's context and copies it
     back, re-homing each of its Locals (a Django URL resolver holds one apiece: ~20 of them)
     on the way in and out: with it a bare request took ~40 % more instructions in process, a
-    `runs.get` ~20 % (docs/benchmarks.md). The
-    one value of the loop's a call needs, the request's script prefix, is carried over."""
+    `runs.get` ~20 % (docs/benchmarks.md). The one value of the loop's a call needs, the
+    request's script prefix, is carried over. (An `async_to_sync` in such a call, an async
+    signal receiver's, would run on an event loop of its own, not the server's: the project
+    connects none.)"""
     prefix = get_script_prefix()
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(executor, _with_script_prefix, prefix, fn, args)
