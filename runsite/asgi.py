@@ -33,9 +33,7 @@ from django.conf import settings  # noqa: E402
 from runs import heap, live  # noqa: E402
 from runs.routing import websocket_urlpatterns  # noqa: E402
 from runsite import server_tuning, warmup  # noqa: E402
-from runsite.handlers import ApiHandler  # noqa: E402
-
-API_PREFIX = "/api/"
+from runsite.handlers import API_PREFIX, ApiHandler  # noqa: E402
 
 server_tuning.apply()  # Daphne's per-request work nothing reads (runsite/server_tuning.py)
 warmup.warm_up()  # URLs and templates loaded before the first request (runsite/warmup.py)

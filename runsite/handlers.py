@@ -61,7 +61,8 @@ def _load_api_middleware(handler: base.BaseHandler, is_async: bool) -> None:
 # The URL match found on the event loop (to choose sync or async), kept in the ASGI scope so the
 # handler does not resolve the same path again on the thread.
 _MATCH = "runsite.resolver_match"
-API_PREFIX = "api/"
+# The path the API is served under (runsite/asgi.py sends it here).
+API_PREFIX = "/api/"
 _IS_ASYNC: dict[Any, bool] = {}
 
 
@@ -83,7 +84,7 @@ def _route_index() -> RouteIndex | URLResolver:
     root = get_resolver()
     if not _ROUTES or _ROUTES[0][0] is not root:
         try:
-            _ROUTES[:] = [(root, RouteIndex(root, API_PREFIX))]
+            _ROUTES[:] = [(root, RouteIndex(root, API_PREFIX[1:]))]
         except ValueError:
             _ROUTES[:] = [(root, root)]
     return _ROUTES[0][1]
