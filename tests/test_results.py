@@ -77,3 +77,64 @@ def test_a_rolled_back_run_answers_with_its_threads_reverted_state(drain) -> Non
     assert status is None
     assert result["output"] == {"echo": "kept"}
     assert selectors.run_outcome(run.id) == (None, 0, {})
+
+
+def test_a_join_reads_the_run_with_its_outcome_in_one_statement(
+    drain, django_assert_num_queries
+) -> None:
+    thread = services.thread_create()
+    done = services.run_create(agent_id="echo", thread_id=thread.id, input="one", actor="t")
+    drain()
+    going = services.run_create(agent_id="echo", thread_id=thread.id, input="two", actor="t")
+
+    with django_assert_num_queries(1):
+        run, outcome = selectors.run_with_outcome(going.id, thread_id=thread.id)
+    assert run.id == going.id and run.status == "pending"
+    assert outcome == selectors.run_outcome(going.id, thread_id=thread.id) == ("pending", 0, None)
+
+    with django_assert_num_queries(1):
+        run, outcome = selectors.run_with_outcome(done.id, thread_id=thread.id)
+    assert run.id == done.id and run.input == "one"
+    assert outcome == selectors.run_outcome(done.id, thread_id=thread.id)
+    assert outcome[:2] == ("success", 1) and outcome[2]["output"] == {"echo": "one"}
+
+
+def test_a_join_of_a_failed_or_suspended_run_answers_as_run_outcome_does(drain) -> None:
+    thread = services.thread_create()
+    failed = services.run_create(agent_id="echo", thread_id=thread.id, input=1, actor="t")
+    Run.objects.filter(id=failed.id).update(
+        status=RunStatus.ERROR, error={"error": "ValueError", "message": "bad input"}
+    )
+    _, outcome = selectors.run_with_outcome(failed.id, thread_id=thread.id)
+    assert outcome == selectors.run_outcome(failed.id, thread_id=thread.id)
+    assert outcome[2] == {"__error__": {"error": "ValueError", "message": "bad input"}}
+    Run.objects.filter(id=failed.id).update(status=RunStatus.TIMEOUT, error=None)
+    _, outcome = selectors.run_with_outcome(failed.id, thread_id=thread.id)
+    assert outcome[2] == {"__error__": {"error": "Error", "message": "run ended timeout"}}
+
+    other = services.thread_create()
+    parked = services.run_create(
+        agent_id="refund", thread_id=other.id, input={"order_id": "O-2", "amount": 30}, actor="t"
+    )
+    drain()
+    run, outcome = selectors.run_with_outcome(parked.id, thread_id=other.id)
+    assert run.status == outcome[0] == "suspended"
+    assert outcome == selectors.run_outcome(parked.id, thread_id=other.id)
+    [interrupt] = outcome[2]["__interrupt__"]
+    assert interrupt["value"]["args"]["order_id"] == "O-2"
+
+
+def test_a_join_of_a_run_on_another_thread_or_outside_the_callers_scope_is_not_found() -> None:
+    from runs.exceptions import NotFound
+
+    thread = services.thread_create(pinned_resource_id="tenant-a")
+    run = services.run_create(
+        agent_id="echo", thread_id=thread.id, input=1, actor="t", pinned_resource_id="tenant-a"
+    )
+    elsewhere = services.thread_create()
+
+    assert selectors.run_with_outcome(run.id, thread_id=thread.id, pinned_resource_id="tenant-a")
+    for thread_id, pinned in ((elsewhere.id, None), (thread.id, "tenant-b")):
+        with pytest.raises(NotFound) as refused:
+            selectors.run_with_outcome(run.id, thread_id=thread_id, pinned_resource_id=pinned)
+        assert refused.value.code == "run_not_found"

@@ -612,7 +612,12 @@ async def join_run(
     # Watched before the read: a change committed after it still wakes the join.
     waiter = hub().watch(run_id)
     try:
-        run, outcome = await streaming.db(_run_and_outcome, caller, thread_id, run_id)
+        run, outcome = await streaming.db(
+            selectors.run_with_outcome,
+            run_id,
+            thread_id=thread_id,
+            pinned_resource_id=caller.pinned_resource_id,
+        )
     except BaseException:
         waiter.close()
         raise
@@ -624,17 +629,6 @@ async def join_run(
         waiter=waiter,
         known=outcome,
     )
-
-
-def _run_and_outcome(
-    caller: Caller, thread_id: UUID, run_id: UUID
-) -> tuple[Run, tuple[str | None, int, Any]]:
-    """The run (404 outside the caller's scope) and its outcome so far, in one database call:
-    a run that already stopped is answered without following it."""
-    run = selectors.run_get(
-        run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
-    )
-    return run, selectors.run_outcome(run.id, thread_id=run.thread_id)
 
 
 def _last_event_id(request: HttpRequest, run: Run) -> int:

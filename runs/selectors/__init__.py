@@ -36,6 +36,7 @@ from runs.selectors import reviews
 from runs.selectors.results import interrupts_of as interrupts_of
 from runs.selectors.results import run_outcome as run_outcome
 from runs.selectors.results import run_result as run_result
+from runs.selectors.results import run_with_outcome as run_with_outcome
 from runs.selectors.results import threads_interrupts as threads_interrupts
 
 # The tenant scope (runs/selectors/scope.py), re-exported: `selectors.visible_runs(user)`.

@@ -3,12 +3,14 @@ interrupts of runs waiting for a human."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 from uuid import UUID
 
 from django.db import connections, router
 
+from runs.exceptions import NotFound
 from runs.models import PENDING_DECISION_STATUSES, TERMINAL_STATUSES, Run, RunStatus, ToolCall
 from runs.rows import instances
 
@@ -28,16 +30,31 @@ def _listed(statuses: tuple[str, ...]) -> str:
 # checkpoint's values, else its thread's; read only for a run that stopped other than by
 # failing (a failed run answers with its error), so a follower polling a long run does not
 # fetch its state each time.
-_OUTCOME_SQL = f"""
-SELECT r.status, r.attempt, r.agent_id,
-       CASE WHEN r.status IN ({_listed(_FAILED)}) THEN r.error END,
-       CASE WHEN r.status IN ({_listed(tuple(s for s in STOPPED if s not in _FAILED))})
+def _outcome_values(thread_values: str) -> str:
+    """The run's last state, read only when it stopped other than by failing: its newest
+    checkpoint's values, else its thread's (`thread_values`)."""
+    return f"""CASE WHEN r.status IN ({_listed(tuple(s for s in STOPPED if s not in _FAILED))})
             THEN COALESCE(
                 (SELECT c."values" FROM runs_checkpoint c WHERE c.run_id = r.id
                   ORDER BY c.created_at DESC, c.id DESC LIMIT 1),
-                t."values") END
+                {thread_values}) END"""
+
+
+_OUTCOME_SQL = f"""
+SELECT r.status, r.attempt, r.agent_id,
+       CASE WHEN r.status IN ({_listed(_FAILED)}) THEN r.error END,
+       {_outcome_values('t."values"')}
   FROM runs_run r LEFT JOIN runs_thread t ON t.id = r.thread_id
  WHERE r.id = %s
+"""
+# A join's first read: the run on its thread (in the caller's scope) and what its outcome needs,
+# in one statement (`run_with_outcome`).
+_RUN_WITH_OUTCOME_SQL = f"""
+SELECT r.*,
+       {_outcome_values('(SELECT t."values" FROM runs_thread t WHERE t.id = r.thread_id)')}
+       AS outcome_values
+  FROM runs_run r
+ WHERE r.id = %s AND r.thread_id = %s
 """
 _THREAD_VALUES_SQL = 'SELECT t."values" FROM runs_thread t WHERE t.id = %s'
 _WAITING_SQL = (
@@ -81,6 +98,46 @@ def run_outcome(run_id: UUID, *, thread_id: UUID | None = None) -> tuple[str | N
             values = _json(found[0]) if found else None
         return None, 0, values or {}
     status, attempt, agent_id, error, values = row
+    return _outcome(run_id, status, attempt, agent_id, lambda: _json(error), lambda: _json(values))
+
+
+def run_with_outcome(
+    run_id: UUID, *, thread_id: UUID, pinned_resource_id: str | None = None
+) -> tuple[Run, tuple[str | None, int, Any]]:
+    """`run_get` of a run on `thread_id` (NotFound outside it or the caller's scope) and its
+    `run_outcome`, read together: one statement for a run that is going or has ended (a join's
+    first read), one more for a suspended run's waiting calls."""
+    alias = router.db_for_read(Run)
+    connection = connections[alias]
+    sql, params = (
+        _RUN_WITH_OUTCOME_SQL,
+        [
+            Run._meta.pk.get_db_prep_value(run_id, connection),
+            Run._meta.pk.get_db_prep_value(thread_id, connection),
+        ],
+    )
+    if pinned_resource_id is not None:
+        sql, params = f"{sql} AND r.resource_id = %s", [*params, pinned_resource_id]
+    found = instances(Run, sql, params, planned=True)
+    if not found:
+        raise NotFound(f"Run {run_id} not found", code="run_not_found")
+    run = found[0]
+    values: Any = run.__dict__.pop("outcome_values")
+    outcome = _outcome(
+        run.id, run.status, run.attempt, run.agent_id, lambda: run.error, lambda: _json(values)
+    )
+    return run, outcome
+
+
+def _outcome(
+    run_id: UUID,
+    status: str,
+    attempt: int,
+    agent_id: str,
+    error: Callable[[], Any],
+    values: Callable[[], Any],
+) -> tuple[str | None, int, Any]:
+    """`run_outcome` of a run that exists, from its status and what was read beside it."""
     if status not in STOPPED:
         return status, attempt, None
     if status == RunStatus.SUSPENDED:
@@ -94,9 +151,9 @@ def run_outcome(run_id: UUID, *, thread_id: UUID | None = None) -> tuple[str | N
         return (
             status,
             attempt,
-            {"__error__": _json(error) or {"error": "Error", "message": f"run ended {status}"}},
+            {"__error__": error() or {"error": "Error", "message": f"run ended {status}"}},
         )
-    return status, attempt, _json(values) or {}
+    return status, attempt, values() or {}
 
 
 def run_result(run_id: UUID, *, thread_id: UUID | None = None) -> Any:
