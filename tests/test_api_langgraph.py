@@ -396,6 +396,17 @@ def test_it_joins_a_finished_run_with_its_final_values(api: Client, drain) -> No
 
 
 @stream_db
+def test_a_join_under_another_threads_path_is_not_found(api: Client, drain) -> None:
+    tid, other = new_thread(api), new_thread(api)
+    run = post(api, f"/threads/{tid}/runs", {"assistant_id": "echo", "input": "j"}).json()
+    drain()
+    r = api.get(f"/api/threads/{other}/runs/{run['run_id']}/join")
+    assert r.status_code == 404
+    assert r.json()["code"] == "run_not_found"
+    assert api.get(f"/api/threads/{tid}/runs/{run['run_id']}/join").status_code == 200
+
+
+@stream_db
 def test_it_joins_a_suspended_run_with_its_interrupts(api: Client, drain) -> None:
     tid = new_thread(api)
     run = post(api, f"/threads/{tid}/runs", {"assistant_id": "weather", "input": {}}).json()

@@ -133,7 +133,10 @@ def test_a_join_of_a_run_on_another_thread_or_outside_the_callers_scope_is_not_f
     )
     elsewhere = services.thread_create()
 
-    assert selectors.run_with_outcome(run.id, thread_id=thread.id, pinned_resource_id="tenant-a")
+    found, outcome = selectors.run_with_outcome(
+        run.id, thread_id=thread.id, pinned_resource_id="tenant-a"
+    )
+    assert (found.id, outcome) == (run.id, ("pending", 0, None))
     for thread_id, pinned in ((elsewhere.id, None), (thread.id, "tenant-b")):
         with pytest.raises(NotFound) as refused:
             selectors.run_with_outcome(run.id, thread_id=thread_id, pinned_resource_id=pinned)
