@@ -309,6 +309,36 @@ def insert_statements(objs: Sequence[Model]) -> list[tuple[str, list[Any]]]:
     return statements
 
 
+def insert_from_statement(
+    obj: Model, source: str, expressions: dict[str, str]
+) -> tuple[str, list[Any]]:
+    """`insert_statements([obj])`'s INSERT as `INSERT … SELECT … FROM source` (PostgreSQL), for
+    a statement whose writes depend on what one of its `WITH` parts found: a row when `source`
+    has one, none when it has none. `expressions` are SQL taking a field's value from `source`
+    instead of the instance (by field name: `{"resource_id": "ok.resource_id"}`); the other
+    values are the instance's, prepared as `insert_statements` prepares them. The instance is
+    marked saved, as there."""
+    model = type(obj)
+    meta = model._meta
+    alias = router.db_for_write(model)
+    connection = connections[alias]
+    statement = _insert(model, not meta.pk.db_returning, alias)
+    unknown = set(expressions) - {f.name for f in statement.fields}
+    if unknown:
+        raise ValueError(f"insert_from_statement({model.__name__}): no field {sorted(unknown)}")
+    values, params = [], []
+    for field in statement.fields:
+        if field.name in expressions:
+            values.append(expressions[field.name])
+        else:
+            values.append("%s")
+            params.append(field.get_db_prep_save(field.pre_save(obj, True), connection))
+    head = statement.head.removesuffix("VALUES ")
+    obj._state.adding = False
+    obj._state.db = alias
+    return f"{head}SELECT {', '.join(values)} FROM {source}", params
+
+
 def update_statement(
     model: type[Model], changes: dict[str, Any], where: str, where_params: Sequence[Any]
 ) -> tuple[str, list[Any]]:
@@ -508,6 +538,18 @@ def execute_last(
             pg.queue_commit()
     finally:
         raw.close()
+
+
+def fetch_long(sql: str, params: list[Any], alias: str) -> tuple[Any, ...] | None:
+    """The first row of a long statement written out (`%s` placeholders): on PostgreSQL sent
+    numbered and planned once per connection (`_fetch_numbered`), elsewhere as it is."""
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            return _fetch_numbered(connection, cursor, sql, params)
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return tuple(row) if row is not None else None
 
 
 def _fetch_numbered(

@@ -371,3 +371,27 @@ def test_a_bulk_cancel_waiting_for_a_run_reads_what_the_lock_holder_committed(su
     assert result.interrupted == [run.id]
     assert Run.objects.get(id=run.id).status == RunStatus.INTERRUPTED
     assert Run.objects.get(parent_run=run).status == RunStatus.INTERRUPTED
+
+
+def test_a_reject_waiting_for_a_run_queued_on_its_thread_is_refused() -> None:
+    """A creation's one statement (`runs._create_at_once`) decides whether its thread is busy
+    with the snapshot it took before it waited for the thread's lock. A run queued on the thread
+    by a transaction that held that lock, committed while the statement waited, is invisible to
+    that snapshot: the reject must see it all the same and refuse, leaving one run."""
+    from runs.models import Thread
+
+    thread = services.thread_create(metadata={})
+    other = _Holding(
+        lambda: services.run_create(agent_id="slow", thread_id=thread.id, input={}, actor="t")
+    )
+    with pytest.raises(Conflict):
+        services.run_create(
+            agent_id="echo",
+            thread_id=thread.id,
+            input={},
+            actor="t",
+            multitask_strategy="reject",
+        )
+    assert other.committed_before()
+    assert Run.objects.filter(thread_id=thread.id).count() == 1
+    assert Thread.objects.get(id=thread.id).status == "busy"

@@ -118,9 +118,11 @@ def test_an_empty_queue_is_answered_by_one_read_without_the_claims_update() -> N
 
 
 @pytest.mark.postgres
-def test_a_new_run_is_queued_in_two_statements() -> None:
-    """The thread locked and read, then the run, its first event, its search document, the
-    thread's status and metadata and the workers' wake-up as one statement (8 before)."""
+def test_a_new_run_is_queued_in_one_statement() -> None:
+    """The thread locked, checked against what this process knows of it, then the run, its
+    first event, its search document, the thread's status and metadata and the workers'
+    wake-up, as one statement (8 at first, then 2; tests/test_create_at_once.py has the
+    rest)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -131,8 +133,8 @@ def test_a_new_run_is_queued_in_two_statements() -> None:
     thread = services.thread_create(metadata={"team": "blue"})
     with CaptureQueriesContext(connection) as queries:
         run = services.run_create(agent_id="echo", thread_id=thread.id, input={"q": 1}, actor="t")
-    assert len(statements(queries)) == 2, statements(queries)
-    assert "pg_notify" in statements(queries)[1]
+    assert len(statements(queries)) == 1, statements(queries)
+    assert "pg_notify" in statements(queries)[0]
     thread.refresh_from_db()
     assert thread.status == ThreadStatus.BUSY
     assert thread.metadata["team"] == "blue" and thread.metadata["graph_id"] == "echo"
@@ -145,8 +147,8 @@ def test_a_new_run_is_queued_in_two_statements() -> None:
     # A second run behind it: queued (enqueue), the thread already stamped.
     with CaptureQueriesContext(connection) as queries:
         services.run_create(agent_id="echo", thread_id=thread.id, input={"q": 2}, actor="t")
-    assert len(statements(queries)) == 2
-    assert "metadata" not in statements(queries)[1].split("UPDATE runs_thread")[1].split(")")[0]
+    assert len(statements(queries)) == 1
+    assert "metadata" not in statements(queries)[0].split("UPDATE runs_thread")[1].split(" FROM")[0]
 
 
 # --- running → suspended → pending → success (same run id) -----------------------------------

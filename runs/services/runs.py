@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -25,7 +26,14 @@ from runs.models import (
     ThreadStatus,
     ToolCall,
 )
-from runs.rows import insert, insert_statements, write_together
+from runs.rows import (
+    fetch_long,
+    insert,
+    insert_from_statement,
+    insert_statements,
+    write_together,
+)
+from runs.services import thread_hints
 from runs.services.cancel import _cancel_locked
 from runs.services.core import (
     QUEUE_CHANNEL,
@@ -33,6 +41,7 @@ from runs.services.core import (
     _append_events,
     _check_json_size,
     _fence,
+    _is_postgres,
     _lock_thread,
     _lock_thread_row,
     _notifies_in_sql,
@@ -143,14 +152,40 @@ def run_create(
     _check_json_size(input, "input")
     _check_json_size(metadata or {}, "metadata")
 
+    new_run = partial(
+        _new_run,
+        agent_id=agent_id,
+        actor=actor,
+        input=input,
+        metadata=metadata,
+        kwargs=kwargs,
+        multitask_strategy=multitask_strategy,
+        after_seconds=after_seconds,
+        webhook=webhook,
+        run_id=run_id,
+    )
+    if thread_id is not None:
+        at_once = _create_at_once(
+            new_run,
+            thread_id=thread_id,
+            agent_id=agent_id,
+            multitask_strategy=multitask_strategy,
+            pinned_resource_id=pinned_resource_id,
+        )
+        if at_once is not None:
+            return at_once
     with transaction.atomic():
         if thread_id is None:
             kwargs.setdefault("on_completion", "delete")
-            thread = Thread.objects.create(
+            thread = Thread(
                 metadata={"stateless": True, **_graph_metadata(agent_id)},
                 resource_id=pinned_resource_id,
                 delete_when_done=kwargs["on_completion"] == "delete",
             )
+            if multitask_strategy in (MultitaskStrategy.ENQUEUE, MultitaskStrategy.REJECT):
+                # Nothing can be in flight on a thread made for the run.
+                return _create_stateless(thread, *new_run(thread_id=thread.id))
+            insert([thread])
         else:
             # Read and locked in one statement: what the thread holds now (its metadata),
             # and no other run can be created or end on it until this one is committed.
@@ -167,33 +202,177 @@ def run_create(
                 )
                 _lock_thread(found.id)
             thread = found
-        now = _now()
-        run = Run(
-            id=run_id or uuid7(),
-            thread=thread,
-            agent_id=agent_id,
-            resource_id=thread.resource_id,
-            status=RunStatus.PENDING,
-            input=input,
-            metadata=metadata or {},
-            kwargs=kwargs,
-            multitask_strategy=multitask_strategy,
-            not_before=now + timedelta(seconds=after_seconds) if after_seconds else None,
-            webhook=webhook,
-            last_seq=1,  # its first event, written with it: no other writer knows the run yet
-        )
-        created = RunEvent(
-            run_id=run.id,
-            seq=1,
-            kind="created",
-            data={"input": input, "multitask_strategy": multitask_strategy},
-            actor=actor_name(actor),
-        )
+        run, created = new_run(thread_id=thread.id)
+        run.thread = thread
+        run.resource_id = thread.resource_id
         if multitask_strategy in (MultitaskStrategy.INTERRUPT, MultitaskStrategy.ROLLBACK):
             _create_replacing(run, created, thread, agent_id, actor)
         else:
             _create_queued(run, created, thread, agent_id)
+        thread_hints.remember(thread.id, thread.metadata)
         _publish(run)
+    return run
+
+
+def _create_stateless(thread: Thread, run: Run, created: RunEvent) -> Run:
+    """A stateless run queued with its new thread: the thread (busy), the run, its first event,
+    its search document and the workers' wake-up in one statement (`rows.write_together`),
+    with its COMMIT where the caller's transaction allows (the thread's INSERT and the run's
+    write were two round trips). Inside `run_create`'s transaction."""
+    thread.status = ThreadStatus.BUSY
+    run.thread, run.resource_id = thread, thread.resource_id
+    document = new_run_document(run_id=run.id, input=run.input, thread_metadata=thread.metadata)
+    notify = _notifies_in_sql()
+    write_together(
+        [
+            *insert_statements([thread]),
+            *insert_statements([run]),
+            *insert_statements([created]),
+            *insert_statements([document]),
+        ],
+        "SELECT pg_notify(%s, '')" if notify else "SELECT 1",
+        [QUEUE_CHANNEL] if notify else [],
+        connection.alias,
+        commit=True,
+    )
+    _notify_in_process(QUEUE_CHANNEL)
+    _publish(run)
+    return run
+
+
+def _new_run(
+    *,
+    agent_id: str,
+    actor: Actor,
+    thread_id: UUID,
+    input: JSONValue,
+    metadata: JSONObject | None,
+    kwargs: JSONObject,
+    multitask_strategy: str,
+    after_seconds: float | None,
+    webhook: str,
+    run_id: UUID | None,
+) -> tuple[Run, RunEvent]:
+    """A new run (pending) and its first event, not yet written; its resource is its thread's."""
+    now = _now()
+    run = Run(
+        id=run_id or uuid7(),
+        thread_id=thread_id,
+        agent_id=agent_id,
+        status=RunStatus.PENDING,
+        input=input,
+        metadata=metadata or {},
+        kwargs=kwargs,
+        multitask_strategy=multitask_strategy,
+        not_before=now + timedelta(seconds=after_seconds) if after_seconds else None,
+        webhook=webhook,
+        last_seq=1,  # its first event, written with it: no other writer knows the run yet
+    )
+    created = RunEvent(
+        run_id=run.id,
+        seq=1,
+        kind="created",
+        data={"input": input, "multitask_strategy": multitask_strategy},
+        actor=actor_name(actor),
+    )
+    return run, created
+
+
+# The statement of `_create_at_once`, up to its writes: the thread locked (in the caller's
+# scope), and `ok`, the thread if this statement may queue the run on it. A statement's snapshot
+# is taken before it waits for a lock: a transaction that committed a change to the thread
+# meanwhile (a run queued or ended on it, new metadata) is seen in the locked row but not by the
+# statement's reads (whether a run is in flight, whether the thread had runs). The row's
+# version (`xmin`) as locked is compared with the one the snapshot sees, and its metadata with
+# the hint the run's document and the thread's new metadata were built from: unequal, nothing
+# is written, and the creation takes the full path, whose reads follow its lock.
+_CREATE_AT_ONCE_HEAD = (
+    "WITH t AS MATERIALIZED (SELECT id, resource_id, xmin AS row_version, metadata = %s AS hinted"
+    " FROM runs_thread WHERE id = %s{scope} FOR NO KEY UPDATE),"
+    " ok AS MATERIALIZED (SELECT t.id, t.resource_id FROM t WHERE t.hinted"
+    " AND t.row_version = (SELECT s.xmin FROM runs_thread s WHERE s.id = t.id){busy}{first})"
+)
+
+
+def _create_at_once(
+    new_run: Callable[..., tuple[Run, RunEvent]],
+    *,
+    thread_id: UUID,
+    agent_id: str,
+    multitask_strategy: str,
+    pinned_resource_id: str | None,
+) -> Run | None:
+    """`run_create` of a run queued on an existing thread (enqueue, or reject with nothing in
+    flight) as one statement on PostgreSQL, when this process knows what the thread holds
+    (`thread_hints`): the thread's lock, the run, its first event, its search document, the
+    thread's status and metadata and the workers' wake-up in one round trip that commits alone
+    (the lock and the write were two).
+
+    Returns the run, or None when the full path must create it: no hint, another strategy,
+    a thread not found or out of scope, a run in flight under reject, a thread whose metadata
+    changes while it has runs (their documents are rewritten), or a thread that held something
+    other than the hint or was changed while the statement waited for its lock (see
+    `_CREATE_AT_ONCE_HEAD`). Nothing was written then, and no lock is kept outside a
+    transaction."""
+    if not _is_postgres() or multitask_strategy not in (
+        MultitaskStrategy.ENQUEUE,
+        MultitaskStrategy.REJECT,
+    ):
+        return None
+    hint = thread_hints.recall(thread_id)
+    if hint is None:
+        return None
+    run, created = new_run(thread_id=thread_id)
+    stamped = _stamped(hint, agent_id)
+    document = new_run_document(run_id=run.id, input=run.input, thread_metadata=stamped)
+    metadata_field = Thread._meta.get_field("metadata")
+    params: list[Any] = [metadata_field.get_db_prep_save(hint, connection), _uuid_param(thread_id)]
+    if pinned_resource_id is not None:
+        params.append(pinned_resource_id)
+    head = _CREATE_AT_ONCE_HEAD.format(
+        scope=" AND resource_id = %s" if pinned_resource_id is not None else "",
+        busy=(
+            f" AND NOT {_thread_has_run_in('t.id', ACTIVE_STATUSES)}"
+            if multitask_strategy == MultitaskStrategy.REJECT
+            else ""
+        ),
+        # Its earlier runs' documents hold the old metadata: the full path rewrites them.
+        first=(
+            " AND NOT EXISTS (SELECT 1 FROM runs_run o WHERE o.thread_id = t.id)"
+            if stamped is not hint
+            else ""
+        ),
+    )
+    db_time = DateTimeField().get_db_prep_value(_now(), connection)
+    thread_sets, thread_params = "status = %s, updated_at = %s", [ThreadStatus.BUSY.value, db_time]
+    if stamped is not hint:
+        thread_sets += ", metadata = %s"
+        thread_params.append(metadata_field.get_db_prep_save(stamped, connection))
+    writes = [
+        insert_from_statement(run, "ok", {"resource_id": "ok.resource_id"}),
+        insert_from_statement(created, "ok", {}),
+        insert_from_statement(document, "ok", {}),
+        (
+            f"UPDATE runs_thread SET {thread_sets} FROM ok WHERE runs_thread.id = ok.id",
+            thread_params,
+        ),
+    ]
+    select = ["t.resource_id", "ok.id IS NOT NULL AS created"]
+    if _notifies_in_sql():
+        select.append("CASE WHEN ok.id IS NOT NULL THEN pg_notify(%s, '') END")
+        params_after = [QUEUE_CHANNEL]
+    else:
+        params_after = []
+    parts = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(writes))
+    statement = f"{head}, {parts} SELECT {', '.join(select)} FROM t LEFT JOIN ok ON true"
+    params += [p for _, write_params in writes for p in write_params] + params_after
+    row = fetch_long(statement, params, connection.alias)
+    if row is None or not row[1]:
+        return None
+    run.resource_id = row[0]
+    _notify_in_process(QUEUE_CHANNEL)
+    thread_hints.remember(thread_id, stamped)
+    _publish(run)
     return run
 
 
@@ -292,10 +471,14 @@ def _stamped_graph_metadata(thread: Thread, agent_id: str) -> JSONObject:
     """The thread's metadata with `graph_id` and `assistant_id` stamped in, as the LangGraph
     server stamps them (so `threads.search(metadata={"graph_id": …})` finds a graph's threads);
     keys the caller set are kept. The thread's own dict when nothing is missing."""
+    return _stamped(thread.metadata, agent_id)
+
+
+def _stamped(metadata: JSONObject, agent_id: str) -> JSONObject:
     wanted = _graph_metadata(agent_id)
-    current = thread.metadata or {}
+    current = metadata or {}
     missing = {k: v for k, v in wanted.items() if k not in current}
-    return {**current, **missing} if missing else thread.metadata
+    return {**current, **missing} if missing else metadata
 
 
 def _stamp_graph_metadata(thread: Thread, agent_id: str) -> None:

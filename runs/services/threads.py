@@ -18,6 +18,7 @@ from runs.models import (
     Thread,
 )
 from runs.rows import insert
+from runs.services import thread_hints
 from runs.services.cancel import _cancel_locked
 from runs.services.core import (
     _audit,
@@ -66,6 +67,7 @@ def thread_create(
         # A new id (UUIDv7) cannot collide: one INSERT, no savepoint to catch a duplicate.
         thread = Thread(**fields)
         insert([thread])
+        _remember(thread)
         return thread
     with transaction.atomic():
         existing = Thread.objects.filter(id=thread_id).first()
@@ -81,7 +83,15 @@ def thread_create(
             raise Conflict(
                 f"Thread with ID {thread_id} already exists", code="thread_exists"
             ) from None
+        _remember(thread)
     return thread
+
+
+def _remember(thread: Thread) -> None:
+    """What the thread holds as this process's hint for a run's creation in one statement
+    (`thread_hints`): remembered at once, since a hint whose transaction rolls back only costs
+    that creation a round trip."""
+    thread_hints.remember(thread.id, thread.metadata)
 
 
 def thread_ttl_minutes(ttl: JSONValue) -> float | None:
@@ -133,6 +143,7 @@ def thread_update(*, thread: Thread, metadata: JSONObject, ttl: JSONValue = None
             fields += ["ttl_minutes", "expires_at"]
         thread.save(update_fields=fields)
         search_refresh_thread(thread_id=thread.id)
+        _remember(thread)
     return thread
 
 
