@@ -144,6 +144,28 @@ def test_the_pool_lends_the_connection_returned_last() -> None:
     assert lent == returned[0]
 
 
+def test_after_a_burst_the_pool_lends_the_connection_it_lent_most_not_the_last_returned() -> None:
+    """Ten requests one after another warm one connection; a burst of three borrows it and two
+    more; whichever the burst returns last, the next borrower gets the warm one back (it has
+    prepared and planned what the process runs), not one the burst opened."""
+    with LifoConnectionPool(kwargs=_conninfo(), min_size=3, max_size=3, open=True) as pool:
+        pool.wait()
+        for _ in range(10):
+            conn = pool.getconn()
+            warm = conn.info.backend_pid
+            pool.putconn(conn)
+        burst = [pool.getconn() for _ in range(3)]
+        assert burst[0].info.backend_pid == warm
+        for conn in burst:  # the warm one returned first, the burst's last returned last
+            pool.putconn(conn)
+        lent = pool.getconn()
+        try:
+            assert lent.info.backend_pid == warm
+            assert lent.info.backend_pid != burst[-1].info.backend_pid
+        finally:
+            pool.putconn(lent)
+
+
 def test_django_connections_come_from_that_pool() -> None:
     assert isinstance(connection.pool, LifoConnectionPool)
     with connection.cursor() as cursor:

@@ -159,6 +159,22 @@ def test_the_writes_that_park_and_cancel_a_run_are_planned_once(drain) -> None:
             assert (generic, custom) == (8, 0), (write, generic, custom)
 
 
+def test_a_bulk_cancels_locking_read_and_a_run_queued_in_one_statement_are_planned_once() -> None:
+    # The bulk cancel's locking read (by status) is the ORM's query inside a written
+    # statement: psycopg prepared it at its third call, PostgreSQL planned it for its values at
+    # each of those; the API's bulk cancel of ten running runs paid ~4 ms of parse and plan for
+    # it on every call of a fresh server (docs/benchmarks.md). A run queued in one statement
+    # (`runs._create_at_once`) is planned once as well.
+    for _ in range(4):
+        for _ in range(2):
+            thread = services.thread_create(metadata={})
+            services.run_create(agent_id="slow", thread_id=thread.id, input={}, actor="t")
+        services.run_claim(owner="w", limit=2)
+        services.runs_cancel_many(action="interrupt", actor="t", status="running")
+    assert _plans("WITH s AS MATERIALIZED", "AS fresh") == [(4, 0)]
+    assert _plans("WITH t AS MATERIALIZED", "AS hinted") == [(8, 0)]
+
+
 # A refund run to its suspension, its resume and its end, in a process of its own (a new
 # connection: a web process's first requests, a worker's new run thread), then how often its
 # connection planned each hot statement of the way, either way.

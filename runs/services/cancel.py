@@ -568,7 +568,7 @@ def runs_cancel_many(
     result = BulkCancelResult()
     with transaction.atomic():
         # Threads, then runs, each in id order (the documented order), in one statement.
-        runs = _lock_selected_runs(qs)
+        runs = _lock_selected_runs(qs, by_key=queryset is None)
         # All of them in a few statements whatever their number (a sweep of hundreds of
         # runaway runs must not take a round trip each).
         if action == CancelAction.ROLLBACK:

@@ -398,12 +398,13 @@ _LOCK_SELECTED_RUNS_SQL = (
 )
 
 
-def _lock_selected_runs(selected: QuerySet[Run]) -> list[Run]:
+def _lock_selected_runs(selected: QuerySet[Run], *, by_key: bool = False) -> list[Run]:
     """The active ones of the runs `selected` finds, locked as `_lock_threads` then `_lock_runs`
     lock them (threads in id order, then runs in id order) and read as `_lock_runs` reads them.
     On PostgreSQL in one statement, whose runs are read again under the locks it holds when a
     lock it waited for returned a row changed since its snapshot; on SQLite as those two do.
-    Call it inside a transaction."""
+    `by_key`: `selected` filters by status, ids or thread only (the API's bulk cancel), so the
+    statement is planned once per connection. Call it inside a transaction."""
     if not _is_postgres():
         targets = list(selected.order_by("thread_id", "id").values_list("id", "thread_id"))
         _lock_threads(sorted({t for _, t in targets if t is not None}))
@@ -413,7 +414,12 @@ def _lock_selected_runs(selected: QuerySet[Run]) -> list[Run]:
     except EmptyResultSet:  # a query that can select nothing (no ids): nothing to lock
         return []
     runs = _with_flags(
-        instances(Run, _LOCK_SELECTED_RUNS_SQL.replace("{selected}", query, 1), list(params))
+        instances(
+            Run,
+            _LOCK_SELECTED_RUNS_SQL.replace("{selected}", query, 1),
+            list(params),
+            planned=by_key,
+        )
     )
     if all(run.fresh for run in runs):
         return runs
