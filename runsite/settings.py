@@ -226,7 +226,7 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     }
     _db["TEST"] = {"NAME": str(BASE_DIR / f"test-db-{os.getpid()}.sqlite3")}
 else:
-    # Django's PostgreSQL backend with a pool that lends the connection used last, whose caches
+    # Django's PostgreSQL backend with a pool that lends its warmest connection, whose caches
     # (prepared statements, plans, catalog) are warm (runsite/dbpool.py).
     _db["ENGINE"] = "runsite.postgres"
     # Under ASGI each request may run on a different thread, so persistent connections leak;
