@@ -282,17 +282,9 @@ def insert_statements(objs: Sequence[Model]) -> list[tuple[str, list[Any]]]:
     if not objs:
         return []
     model = type(objs[0])
-    meta = model._meta
-    if any(type(obj) is not model for obj in objs):
-        raise ValueError("insert() takes instances of one model")
-    with_pk = not meta.pk.db_returning  # an AutoField is numbered by the database
-    if with_pk and any(obj.pk is None for obj in objs):
-        raise ValueError(f"insert({model.__name__}): every instance needs its primary key")
-    if not with_pk and any(obj.pk is not None for obj in objs):
-        raise ValueError(f"insert({model.__name__}): its primary key is the database's to number")
     alias = router.db_for_write(model)
     connection = connections[alias]
-    statement = _insert(model, with_pk, alias)
+    statement = _insert(model, _with_pk(model, objs), alias)
     per = statement.rows_per_statement
     statements = []
     for start in range(0, len(objs), per):
@@ -303,10 +295,90 @@ def insert_statements(objs: Sequence[Model]) -> list[tuple[str, list[Any]]]:
             for field in statement.fields
         ]
         statements.append((statement.head + ", ".join([statement.row] * len(chunk)), params))
+    _mark_saved(objs, alias)
+    return statements
+
+
+def _with_pk(model: type[Model], objs: Sequence[Model]) -> bool:
+    """Whether `objs` (new instances of `model`) are inserted with their primary key: refused
+    where they are not all of `model` or do not all agree with it."""
+    if any(type(obj) is not model for obj in objs):
+        raise ValueError("insert() takes instances of one model")
+    with_pk = not model._meta.pk.db_returning  # an AutoField is numbered by the database
+    if with_pk and any(obj.pk is None for obj in objs):
+        raise ValueError(f"insert({model.__name__}): every instance needs its primary key")
+    if not with_pk and any(obj.pk is not None for obj in objs):
+        raise ValueError(f"insert({model.__name__}): its primary key is the database's to number")
+    return with_pk
+
+
+def _mark_saved(objs: Sequence[Model], alias: str) -> None:
     for obj in objs:
         obj._state.adding = False
         obj._state.db = alias
-    return statements
+
+
+@cache
+def _insert_arrays(model: type[Model], with_pk: bool, alias: str) -> str:
+    statement = _insert(model, with_pk, alias)
+    connection = connections[alias]
+    # Each array cast to its column's type without its modifier (varchar, not varchar(32)): an
+    # explicit cast to varchar(32) would cut a longer value short, where the INSERT's own
+    # assignment to the column refuses it, as with a VALUES list.
+    arrays = ", ".join(
+        "%s::" + _TYPE_MODIFIER.sub("", f.db_type(connection) or "") + "[]"
+        for f in statement.fields
+    )
+    return f"{statement.head.removesuffix('VALUES ')}SELECT * FROM unnest({arrays})"
+
+
+_TYPE_MODIFIER = re.compile(r"\([^)]*\)")
+
+
+def array_param(values: Sequence[Any], alias: str) -> str:
+    """`values` as one PostgreSQL array in its text form (`{"a","b",NULL}`), each element as
+    psycopg writes it as a parameter of its own (its text dumper), for a statement that casts it
+    (`%s::uuid[]`).
+
+    psycopg types a list by its first element that is not None, and an empty one (or one of
+    None only) not at all; it prepares a statement per text and parameter types. So a statement
+    given a list of UUIDs once and an empty list once was two statements prepared and planned
+    on a connection. A text is always the same type: the statement is prepared once, whatever
+    the values."""
+    connection = connections[alias]
+    connection.ensure_connection()
+    transformer = psycopg.adapt.Transformer(connection.connection)
+    items = []
+    for value in values:
+        if value is None:
+            items.append("NULL")
+            continue
+        dumper = transformer.get_dumper(value, psycopg.adapt.PyFormat.TEXT)
+        text = bytes(dumper.dump(value) or b"").decode()
+        items.append('"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"')
+    return "{" + ",".join(items) + "}"
+
+
+def insert_arrays_statement(model: type[Model], objs: Sequence[Model]) -> tuple[str, list[Any]]:
+    """`insert_statements(objs)` as one PostgreSQL statement whose text is the same for any
+    number of rows, none included: `INSERT … SELECT * FROM unnest(%s::type[], …)`, each
+    column's values one array parameter. A connection then prepares and plans it once, where
+    `insert_statements`' VALUES list is a new text, parsed and planned again, for each number of
+    rows (a bulk cancel's events and audit entries: docs/benchmarks.md). The values are
+    prepared by their fields as `insert_statements` prepares them; the instances are marked
+    saved, as there."""
+    alias = router.db_for_write(model)
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        raise ValueError("insert_arrays_statement() is PostgreSQL's (unnest of arrays)")
+    with_pk = _with_pk(model, objs)
+    fields = _insert(model, with_pk, alias).fields
+    columns: list[list[Any]] = [[] for _ in fields]
+    for obj in objs:
+        for values, field in zip(columns, fields, strict=True):
+            values.append(field.get_db_prep_save(field.pre_save(obj, True), connection))
+    _mark_saved(objs, alias)
+    return _insert_arrays(model, with_pk, alias), [array_param(c, alias) for c in columns]
 
 
 def insert_from_statement(

@@ -37,6 +37,7 @@ from runsite.handlers import API_PREFIX, ApiHandler  # noqa: E402
 
 server_tuning.apply()  # Daphne's per-request work nothing reads (runsite/server_tuning.py)
 warmup.warm_up()  # URLs and templates loaded before the first request (runsite/warmup.py)
+warmup.warm_up_database()  # the bulk cancel planned on the pool's first connection (same)
 
 
 # django-stubs types the handler's own signature more narrowly than asgiref's protocol.

@@ -6,6 +6,11 @@ API request after a start therefore imported every view, ninja's API and the adm
 here), and the first push to the dashboard's sockets, which need `reverse()` but no request,
 took ~250 ms instead of ~5 ms (docs/benchmarks.md). `warm_up()` does both when the ASGI
 application loads (runsite/asgi.py), before the server accepts a connection.
+
+`warm_up_database()` then plans, on the connection the pool will lend first, the statements of
+the one API request too rare to have run on it before it is needed: the bulk cancel (support's
+"stop them all"), whose cold statements took ~7 ms to parse and plan (docs/benchmarks.md). The
+statements every run makes plan themselves on their first use.
 """
 
 from __future__ import annotations
@@ -16,9 +21,12 @@ from pathlib import Path
 from typing import Any, cast
 
 from django.conf import settings
+from django.db import connection
 from django.template import TemplateDoesNotExist, TemplateSyntaxError
 from django.template.loader import get_template
 from django.urls import get_resolver
+
+from runs import services
 
 logger = logging.getLogger(__name__)
 
@@ -42,3 +50,22 @@ def warm_up() -> int:
             compiled += 1
     logger.debug("warm-up: %d templates in %.0f ms", compiled, (time.monotonic() - started) * 1e3)
     return compiled
+
+
+def warm_up_database() -> bool:
+    """Plan the API's bulk cancel (`services.bulk_cancel_planned`, which changes nothing) on a
+    pooled connection, then give it back to the pool, which lends it first (runsite/dbpool.py).
+    Returns whether it did. Any failure (the database down or not migrated yet) is logged and
+    the server starts all the same: the first bulk cancel then plans its statements itself."""
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        return False
+    started = time.monotonic()
+    try:
+        services.bulk_cancel_planned()
+    except Exception:
+        logger.warning("warm-up: the bulk cancel's statements not planned", exc_info=True)
+        return False
+    finally:
+        connection.close()  # back to the pool
+    logger.debug("warm-up: bulk cancel planned in %.0f ms", (time.monotonic() - started) * 1e3)
+    return True

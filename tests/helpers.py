@@ -48,6 +48,23 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def probe(script: str) -> Any:
+    """Run `script` in a Python process of its own on this test's database; return the JSON
+    document its last line prints."""
+    import json
+
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 class WorkerProcess:
     def __init__(self, *, concurrency: int = 4, log: Path, **env: str):
         self.log_path = log

@@ -222,18 +222,9 @@ print(json.dumps({
 def test_a_new_connection_plans_the_hot_statements_of_a_run_once() -> None:
     """Each is prepared at its first call and planned once, generic, where it was planned at
     each of its first eight (two calls before psycopg prepared it, five custom plans)."""
-    from tests.helpers import subprocess_env
+    from tests.helpers import probe
 
-    done = subprocess.run(
-        [sys.executable, "-c", FIRST_CALLS],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = probe(FIRST_CALLS)
     # Each drain looked twice (a run, then an empty queue) and claimed once.
     looked = seen.pop("the look at the queue")
     assert looked == [[4, 0]], looked

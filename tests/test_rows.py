@@ -312,3 +312,87 @@ def test_the_claim_is_short_enough_for_psycopg_to_convert_once() -> None:
     from runs.services.queue import _claim_sql_postgres
 
     assert len(_claim_sql_postgres(10).encode()) <= MAX_CACHED_STATEMENT_LENGTH
+
+
+# Values a text form must carry through untouched: quotes, backslashes, braces, commas, spaces,
+# NULL spelled out, unicode.
+AWKWARD = ['a "quoted" \\ back,slash', "{braces}", "", " spaced ", "NULL", "naïve ✓"]
+
+
+@pytest.mark.postgres
+def test_rows_inserted_from_arrays_read_back_as_a_values_list_writes_them() -> None:
+    from runs.models import AuditEntry
+    from runs.rows import insert_arrays_statement, insert_statements, write_together
+
+    def entries(tag: str) -> list[AuditEntry]:
+        return [
+            AuditEntry(
+                actor=text,
+                action=tag,
+                run_id=uuid.uuid4() if i % 2 else None,
+                reason=text,
+                resource_id=None if i % 3 else text,
+                before={"text": text, "i": [i, None]},
+                after=None,
+            )
+            for i, text in enumerate(AWKWARD)
+        ]
+
+    mine, theirs = entries("arrays"), entries("values")
+    sql, params = insert_arrays_statement(AuditEntry, mine)
+    write_together([(sql, params), *insert_statements(theirs)], "SELECT 1", [], "default")
+    assert mine[0]._state.adding is False
+
+    def stored(tag: str) -> list[tuple[object, ...]]:
+        rows = AuditEntry.objects.filter(action=tag).order_by("id")
+        return [(e.actor, e.reason, e.resource_id, e.before, e.after) for e in rows]
+
+    assert (
+        stored("arrays")
+        == stored("values")
+        == [
+            (t, t, None if i % 3 else t, {"text": t, "i": [i, None]}, None)
+            for i, t in enumerate(AWKWARD)
+        ]
+    )
+    assert [e.run_id for e in AuditEntry.objects.filter(action="arrays").order_by("id")] == [
+        e.run_id for e in mine
+    ]
+    # One text for any number of rows, none included.
+    assert insert_arrays_statement(AuditEntry, [])[0] == sql
+    assert insert_arrays_statement(AuditEntry, entries("more")[:1])[0] == sql
+
+
+@pytest.mark.postgres
+def test_a_value_too_long_for_its_column_is_refused_from_arrays_not_cut_short() -> None:
+    from django.db import DataError, transaction
+
+    from runs.models import AuditEntry
+    from runs.rows import insert_arrays_statement, write_together
+
+    statement = insert_arrays_statement(AuditEntry, [AuditEntry(actor="x" * 151, action="long")])
+    with pytest.raises(DataError, match="too long"), transaction.atomic():
+        write_together([statement], "SELECT 1", [], "default")
+    assert not AuditEntry.objects.filter(action="long").exists()
+
+
+@pytest.mark.postgres
+def test_an_array_parameter_is_one_type_whatever_its_values() -> None:
+    from django.db import connection
+
+    from runs.rows import array_param, execute_planned
+
+    ids = [uuid.uuid4(), None, uuid.uuid4()]
+    sql = "SELECT %s::uuid[], %s::text[] /* array_param */"
+    with connection.cursor() as cursor:
+        for uuids, texts in ((ids, AWKWARD), ([], []), ([None], [None])):
+            execute_planned(
+                cursor, sql, [array_param(uuids, "default"), array_param(texts, "default")]
+            )
+            assert cursor.fetchone() == (uuids, texts)
+        # psycopg keys a prepared statement by its text and its parameters' types: one here.
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%array_param%"],
+        )
+        assert cursor.fetchone()[0] == 1

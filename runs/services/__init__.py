@@ -40,6 +40,7 @@ from runs.services.access import (
 from runs.services.agent_inbox import tool_call_inbox_decide
 from runs.services.cancel import (
     CancelAnswer,
+    bulk_cancel_planned,
     run_cancel,
     run_cancel_on_thread,
     run_delete,
@@ -135,6 +136,7 @@ __all__ = [
     "api_key_touch",
     "api_key_touch_due",
     "audit_prune",
+    "bulk_cancel_planned",
     "cancel_channel",
     "deliveries_claim",
     "delivery_record",

@@ -8,7 +8,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import connection, transaction
-from django.db.models import DateTimeField, F, QuerySet
+from django.db.models import DateTimeField, F, Model, QuerySet
 
 from runs import metrics
 from runs.contracts import Actor, BulkCancelResult, actor_name
@@ -27,7 +27,14 @@ from runs.models import (
     RunEvent,
     RunStatus,
 )
-from runs.rows import insert, insert_statements, instances, write_together
+from runs.rows import (
+    array_param,
+    insert,
+    insert_arrays_statement,
+    insert_statements,
+    instances,
+    write_together,
+)
 from runs.services.core import (
     _LOCK_RUN_COLUMNS,
     CANCEL_CHANNEL,
@@ -35,7 +42,6 @@ from runs.services.core import (
     LEASE_CLEARED,
     _audit,
     _audit_entry,
-    _cancel_notices,
     _check_scope,
     _clear_lease,
     _in,
@@ -538,37 +544,35 @@ def runs_cancel_many(
             "cannot be combined with thread_id/run_ids",
             detail="When providing a 'status', 'thread_id' and 'run_ids' must be omitted",
         )
-    qs = queryset if queryset is not None else Run.objects.all()
-    qs = qs.filter(parent_run__isnull=True)
+    statuses: tuple[str, ...]
     if status is not None:
         _validate_choice(status, ("pending", "running", "suspended", "all"), "status")
         # "all" is LangGraph's: pending + running. Runs waiting for a human are cancelled only
         # when asked for by name ("suspended") or by id, never swept up with everything else.
         statuses = (RunStatus.PENDING, RunStatus.RUNNING) if status == "all" else (status,)
-        qs = qs.filter(status__in=statuses)
-    elif run_ids is not None:
-        qs = qs.filter(id__in=list(run_ids), status__in=ACTIVE_STATUSES)
-        if thread_id is not None:
-            qs = qs.filter(thread_id=thread_id)
+    elif run_ids is not None or (queryset is not None and thread_id is None):
+        statuses = tuple(ACTIVE_STATUSES)
     elif thread_id is not None:
-        qs = qs.filter(thread_id=thread_id, status__in=(RunStatus.PENDING, RunStatus.RUNNING))
-    elif queryset is None:
+        statuses = (RunStatus.PENDING, RunStatus.RUNNING)
+    else:
         raise ValidationFailed.field(
             "status",
             "one of run_ids, thread_id, status is required",
             detail="Give run_ids, thread_id or status",
         )
-    else:
-        qs = qs.filter(status__in=ACTIVE_STATUSES)
     if not include_suspended:
-        qs = qs.exclude(status=RunStatus.SUSPENDED)
-    if pinned_resource_id is not None:
-        qs = qs.filter(resource_id=pinned_resource_id)
-
+        statuses = tuple(s for s in statuses if s != RunStatus.SUSPENDED)
+    selected = _selection(
+        queryset,
+        statuses=statuses,
+        run_ids=run_ids,
+        thread_id=thread_id,
+        pinned_resource_id=pinned_resource_id,
+    )
     result = BulkCancelResult()
     with transaction.atomic():
         # Threads, then runs, each in id order (the documented order), in one statement.
-        runs = _lock_selected_runs(qs, by_key=queryset is None)
+        runs = _lock_selected_runs(selected)
         # All of them in a few statements whatever their number (a sweep of hundreds of
         # runaway runs must not take a round trip each).
         if action == CancelAction.ROLLBACK:
@@ -580,11 +584,70 @@ def runs_cancel_many(
     return result
 
 
+def _selection(
+    queryset: QuerySet | None,
+    *,
+    statuses: Sequence[str],
+    run_ids: Sequence[UUID] | None,
+    thread_id: UUID | None,
+    pinned_resource_id: str | None,
+) -> QuerySet[Run] | tuple[str, list[Any]]:
+    """The top-level runs in `statuses` that `runs_cancel_many` cancels, of `run_ids`, on
+    `thread_id` and in the caller's scope where given: within `queryset` (the dashboard's
+    filters) as a QuerySet; else, on PostgreSQL, written out by key (`_lock_selected_runs`
+    plans it once per connection), its ids and statuses arrays, so that its text is the same
+    whatever their number (the ORM writes a placeholder per id: a text per number of runs,
+    each prepared and planned anew); else as a QuerySet."""
+    if queryset is None and _is_postgres():
+        where = ["parent_run_id IS NULL", "status = ANY(%s::varchar[])"]
+        params: list[Any] = [list(statuses)]
+        if run_ids is not None:
+            where.append("id = ANY(%s::uuid[])")
+            params.append(array_param(run_ids, connection.alias))
+        if thread_id is not None:
+            where.append("thread_id = %s")
+            params.append(_uuid_param(thread_id))
+        if pinned_resource_id is not None:
+            where.append("resource_id = %s")
+            params.append(pinned_resource_id)
+        return f"SELECT id, thread_id FROM runs_run WHERE {' AND '.join(where)}", params
+    qs = queryset if queryset is not None else Run.objects.all()
+    qs = qs.filter(parent_run__isnull=True, status__in=statuses)
+    if run_ids is not None:
+        qs = qs.filter(id__in=list(run_ids))
+    if thread_id is not None:
+        qs = qs.filter(thread_id=thread_id)
+    if pinned_resource_id is not None:
+        qs = qs.filter(resource_id=pinned_resource_id)
+    return qs
+
+
+def bulk_cancel_planned() -> None:
+    """Plan the API's bulk cancel on this connection (PostgreSQL): its locking read by status
+    and by ids, and the write of each action, each run once with nothing to select or write.
+    Their texts do not depend on the number of runs, so a
+    connection that ran them, here or in any bulk cancel, runs the next one from its prepared
+    statement and generic plan: cold, the first bulk cancel on a connection parsed and planned
+    ~7 ms of statements (docs/benchmarks.md), and a bulk cancel is rare enough that each one
+    met a connection that had never run it. `runsite/warmup.py` calls it as a web process
+    starts. Changes nothing; elsewhere than PostgreSQL, does nothing."""
+    if not _is_postgres():
+        return
+    nothing: dict[str, Any] = {"thread_id": None, "pinned_resource_id": None}
+    # Committed, not rolled back: it wrote nothing, and psycopg deallocates every statement
+    # prepared on a connection at any ROLLBACK (a transaction's or a savepoint's).
+    with transaction.atomic():
+        _lock_selected_runs(_selection(None, statuses=(), run_ids=None, **nothing))
+        _lock_selected_runs(_selection(None, statuses=(), run_ids=(), **nothing))
+        for write in (_interrupt_many_write, _rollback_many_write):
+            write_together(*write([], actor="", reason=""), connection.alias)
+
+
 def _bulk_cancelled(
     runs: Sequence[Run], *, action: str, actor: Actor, reason: str
-) -> tuple[list[AuditEntry], tuple[list[str], list[Any]]]:
+) -> tuple[list[AuditEntry], tuple[str, list[Any]]]:
     """What every bulk cancel writes besides the runs: their audit entries, and the notices to
-    the workers of the running ones (as expressions for the SELECT of `rows.write_together`)."""
+    the workers of the running ones (the SELECT of `rows.write_together`, with its params)."""
     target = "deleted" if action == CancelAction.ROLLBACK else RunStatus.INTERRUPTED
     audits = [
         _audit_entry(
@@ -600,7 +663,28 @@ def _bulk_cancelled(
     count = len(runs)
     transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc(count))
     running = [(r.id, r.lease_owner) for r in runs if r.status == RunStatus.RUNNING]
-    return audits, _notices_by_select(_cancel_notices(running, action))
+    return audits, _told(_cancel_notices(running, action))
+
+
+# The workers' notices of a bulk cancel, one text for any number (none included).
+_TELL_SQL = "SELECT count(pg_notify(c, p)) FROM unnest(%s::text[], %s::text[]) AS n(c, p)"
+
+
+def _told(notices: Sequence[tuple[str, str]]) -> tuple[str, list[Any]]:
+    """`_notices_by_select` as a SELECT whose text is the same whatever the number of notices."""
+    for channel, payload in notices:
+        _notify_in_process(channel, payload)
+    if not _notifies_in_sql():
+        return "SELECT 1", []
+    return _TELL_SQL, [[c for c, _ in notices], [p for _, p in notices]]
+
+
+def _inserted(model: type[Model], objs: Sequence[Model]) -> list[tuple[str, list[Any]]]:
+    """The INSERT of `objs` for `write_together`: on PostgreSQL one statement whose text is the
+    same for any number of rows (`rows.insert_arrays_statement`), elsewhere `insert_statements`'."""
+    if _is_postgres():
+        return [insert_arrays_statement(model, objs)]
+    return insert_statements(objs)
 
 
 _INTERRUPT_MANY_SQL = (
@@ -624,36 +708,8 @@ def _interrupt_many(
     deliveries follow the statement), its COMMIT goes in the same round trip."""
     if not runs:
         return
-    audits, (told, told_params) = _bulk_cancelled(
-        runs, action=CancelAction.INTERRUPT, actor=actor, reason=reason
-    )
-    now = _now()
-    db_now = DateTimeField().get_db_prep_value(now, connection)
-    name = actor_name(actor)
-    for run in runs:
-        _interrupted(run, reason, now)
-        run.last_seq += 1  # read under the lock: the statement below adds the same one
-    in_runs, run_params = _in("id", [r.id for r in runs])
-    update = [RunStatus.INTERRUPTED, db_now, CancelAction.INTERRUPT, db_now, reason, db_now]
-    events = [
-        RunEvent(
-            run_id=run.id,
-            seq=run.last_seq,
-            kind="cancelled",
-            data={"action": "interrupt", "reason": run.cancel_reason},
-            actor=name,
-        )
-        for run in runs
-    ]
     write_together(
-        [
-            (_INTERRUPT_MANY_SQL.format(runs=in_runs), update + run_params),
-            *insert_statements(events),
-            *insert_statements(audits),
-            *_threads_of(runs, values=LATEST_VALUES, finished_status=RunStatus.INTERRUPTED),
-        ],
-        f"SELECT {', '.join(told) or '1'}",
-        told_params,
+        *_interrupt_many_write(runs, actor=actor, reason=reason),
         connection.alias,
         commit=ends_transaction and not any(_writes_after_end(r) for r in runs),
     )
@@ -667,7 +723,42 @@ def _interrupt_many(
     for run in runs:
         _announce(run, RunStatus.INTERRUPTED)
         _publish(run)
-    logger.info("cancel %d runs action=interrupt by=%s", len(runs), name)
+    logger.info("cancel %d runs action=interrupt by=%s", len(runs), actor_name(actor))
+
+
+def _interrupt_many_write(
+    runs: Sequence[Run], *, actor: Actor, reason: str
+) -> tuple[list[tuple[str, list[Any]]], str, list[Any]]:
+    """`_interrupt_many`'s writes and select (`write_together`'s), one text for any number of
+    runs on PostgreSQL; the runs' fields set as they are written."""
+    audits, (told, told_params) = _bulk_cancelled(
+        runs, action=CancelAction.INTERRUPT, actor=actor, reason=reason
+    )
+    now = _now()
+    db_now = DateTimeField().get_db_prep_value(now, connection)
+    name = actor_name(actor)
+    for run in runs:
+        _interrupted(run, reason, now)
+        run.last_seq += 1  # read under the lock: the statement below adds the same one
+    in_runs, run_params = _in("id", [r.id for r in runs], any_number=True)
+    update = [RunStatus.INTERRUPTED, db_now, CancelAction.INTERRUPT, db_now, reason, db_now]
+    events = [
+        RunEvent(
+            run_id=run.id,
+            seq=run.last_seq,
+            kind="cancelled",
+            data={"action": "interrupt", "reason": run.cancel_reason},
+            actor=name,
+        )
+        for run in runs
+    ]
+    writes = [
+        (_INTERRUPT_MANY_SQL.format(runs=in_runs), update + run_params),
+        *_inserted(RunEvent, events),
+        *_inserted(AuditEntry, audits),
+        *_threads_of(runs, values=LATEST_VALUES, finished_status=RunStatus.INTERRUPTED),
+    ]
+    return writes, told, told_params
 
 
 def _writes_after_end(run: Run) -> bool:
@@ -681,9 +772,12 @@ def _writes_after_end(run: Run) -> bool:
 
 
 def _threads_of(runs: Sequence[Run], **refresh: Any) -> list[tuple[str, list[Any]]]:
-    """The statement refreshing the threads of runs this statement ends (none without one)."""
+    """The statement refreshing the threads of runs this statement ends: on PostgreSQL one text
+    for any number, none included; elsewhere none without a thread."""
     thread_ids = sorted({r.thread_id for r in runs if r.thread_id is not None})
-    if not thread_ids:
+    if _is_postgres():
+        refresh["any_number"] = True
+    elif not thread_ids:
         return []
     return [_refresh_threads_statement(thread_ids, ending=[r.id for r in runs], **refresh)]
 
@@ -697,26 +791,53 @@ def _rollback_many(
     COMMIT in the same round trip when `ends_transaction` (the caller runs nothing after it)."""
     if not runs:
         return
-    audits, (told, told_params) = _bulk_cancelled(
-        runs, action=CancelAction.ROLLBACK, actor=actor, reason=reason
-    )
-    in_runs, run_params = _in("id", [r.id for r in runs])
     write_together(
-        [
-            (f"DELETE FROM runs_run WHERE {in_runs}", run_params),
-            *insert_statements(audits),
-            # Runs on a thread execute one at a time, so the newest checkpoint left on each is
-            # the state from before its run.
-            *_threads_of(runs, values=LATEST_VALUES, deleting=True),
-        ],
-        f"SELECT {', '.join(told) or '1'}",
-        told_params,
+        *_rollback_many_write(runs, actor=actor, reason=reason),
         connection.alias,
         commit=ends_transaction,
     )
     for run in runs:
         _publish(run, status="deleted", seq=run.last_seq + 1)
     logger.info("cancel %d runs action=rollback by=%s", len(runs), actor_name(actor))
+
+
+def _rollback_many_write(
+    runs: Sequence[Run], *, actor: Actor, reason: str
+) -> tuple[list[tuple[str, list[Any]]], str, list[Any]]:
+    """`_rollback_many`'s writes and select, one text for any number of runs on PostgreSQL."""
+    audits, (told, told_params) = _bulk_cancelled(
+        runs, action=CancelAction.ROLLBACK, actor=actor, reason=reason
+    )
+    in_runs, run_params = _in("id", [r.id for r in runs], any_number=True)
+    writes = [
+        (f"DELETE FROM runs_run WHERE {in_runs}", run_params),
+        *_inserted(AuditEntry, audits),
+        # Runs on a thread execute one at a time, so the newest checkpoint left on each is
+        # the state from before its run.
+        *_threads_of(runs, values=LATEST_VALUES, deleting=True),
+    ]
+    return writes, told, told_params
+
+
+def _notify_cancel_many(runs: Sequence[tuple[UUID, str | None]], action: str) -> None:
+    """Tell the workers of `runs` (run id, lease owner) that this transaction applies their
+    cancel (`action`)."""
+    for channel, payload in _cancel_notices(runs, action):
+        _notify(channel, payload)
+
+
+def _cancel_notices(runs: Sequence[tuple[UUID, str | None]], action: str) -> list[tuple[str, str]]:
+    """The (channel, payload) notices of the cancel of `runs` (run id, lease owner): one channel
+    per worker (`cancel_channel`), in batches that keep a payload under PostgreSQL's 8000-byte
+    limit."""
+    by_channel: dict[str, list[str]] = {}
+    for run_id, owner in runs:
+        by_channel.setdefault(cancel_channel(owner), []).append(cancel_notice(run_id, action))
+    return [
+        (channel, ",".join(notices[i : i + 150]))
+        for channel, notices in by_channel.items()
+        for i in range(0, len(notices), 150)
+    ]
 
 
 def run_delete(*, run: Run, actor: Actor, pinned_resource_id: str | None = None) -> None:

@@ -50,7 +50,7 @@ from runs.models import (
     ThreadStatus,
     ToolCall,
 )
-from runs.rows import execute_planned, insert, instances, instances_from_json
+from runs.rows import array_param, execute_planned, insert, instances, instances_from_json
 
 logger = logging.getLogger("runs")
 
@@ -398,27 +398,34 @@ _LOCK_SELECTED_RUNS_SQL = (
 )
 
 
-def _lock_selected_runs(selected: QuerySet[Run], *, by_key: bool = False) -> list[Run]:
+def _lock_selected_runs(selected: QuerySet[Run] | tuple[str, list[Any]]) -> list[Run]:
     """The active ones of the runs `selected` finds, locked as `_lock_threads` then `_lock_runs`
     lock them (threads in id order, then runs in id order) and read as `_lock_runs` reads them.
     On PostgreSQL in one statement, whose runs are read again under the locks it holds when a
     lock it waited for returned a row changed since its snapshot; on SQLite as those two do.
-    `by_key`: `selected` filters by status, ids or thread only (the API's bulk cancel), so the
-    statement is planned once per connection. Call it inside a transaction."""
+    `selected`: a QuerySet, or on PostgreSQL a statement written out (sql, params) selecting
+    `id, thread_id` by key, which is then planned once per connection (the API's bulk cancel).
+    Call it inside a transaction."""
     if not _is_postgres():
+        if isinstance(selected, tuple):
+            raise ValueError("_lock_selected_runs(): a statement written out is PostgreSQL's")
         targets = list(selected.order_by("thread_id", "id").values_list("id", "thread_id"))
         _lock_threads(sorted({t for _, t in targets if t is not None}))
         return _lock_runs([r for r, _ in targets])
-    try:
-        query, params = selected.order_by().values("id", "thread_id").query.sql_with_params()
-    except EmptyResultSet:  # a query that can select nothing (no ids): nothing to lock
-        return []
+    if isinstance(selected, tuple):
+        query, params = selected
+    else:
+        try:
+            query, found = selected.order_by().values("id", "thread_id").query.sql_with_params()
+            params = list(found)
+        except EmptyResultSet:  # a query that can select nothing (no ids): nothing to lock
+            return []
     runs = _with_flags(
         instances(
             Run,
             _LOCK_SELECTED_RUNS_SQL.replace("{selected}", query, 1),
             list(params),
-            planned=by_key,
+            planned=isinstance(selected, tuple),
         )
     )
     if all(run.fresh for run in runs):
@@ -673,6 +680,7 @@ def _refresh_threads_statement(
     ending: Sequence[UUID] = (),
     deleting: bool = False,
     suspending: bool = False,
+    any_number: bool = False,
 ) -> tuple[str, list[Any]]:
     """The UPDATE of `_refresh_threads`, (sql, params), for `rows.write_together`.
 
@@ -680,6 +688,7 @@ def _refresh_threads_statement(
     (PostgreSQL) the thread's rule would still read them as they were, so they are left out of
     the rule, and deleted runs' checkpoints out of `LATEST_VALUES` (they go with them); run
     after the runs' own writes (SQLite) the statement reads the same either way.
+    `any_number`: one text for any number of threads and `ending` runs, none included (`_in`).
     `suspending`: the `ending` runs are parked for a human (interrupted unless another run is
     in flight; the thread does not expire while one waits)."""
     if suspending:
@@ -701,34 +710,35 @@ def _refresh_threads_statement(
     db_time = DateTimeField().get_db_prep_value
     params: list[Any] = []
     besides = ""
-    if ending:
-        left_out, left_out_params = _not_in("o.id", ending)
+    ending_in = bool(ending) or any_number
+    if ending_in:
+        left_out, left_out_params = _not_in("o.id", ending, any_number=any_number)
         besides = f" AND {left_out}"
     rule, expires, latest = (
         _thread_status_sql(idle, besides),
         _expires_sql(besides),
         _LATEST_VALUES_SQL,
     )
-    if ending:
+    if ending_in:
         params += left_out_params * rule.count(left_out)
     params.append(db_time(now, connection))
     if suspending:
         expires = "expires_at"
     else:
-        if ending:
+        if ending_in:
             params += left_out_params * expires.count(left_out)
         params.append(db_time(stateless_expiry(now), connection))
     assignments = ""
     if values is LATEST_VALUES:
-        if ending and deleting:
-            gone, gone_params = _not_in("c.run_id", ending)
+        if ending_in and deleting:
+            gone, gone_params = _not_in("c.run_id", ending, any_number=any_number)
             latest = latest.replace("ORDER BY", f"AND (c.run_id IS NULL OR {gone}) ORDER BY")
             params += gone_params
         assignments = f', "values" = {latest}'
     elif values is not _UNSET:
         assignments = ', "values" = %s'
         params.append(Thread._meta.get_field("values").get_db_prep_save(values, connection))
-    in_threads, thread_params = _in("id", thread_ids)
+    in_threads, thread_params = _in("id", thread_ids, any_number=any_number)
     params += thread_params
     sql = (
         f"UPDATE runs_thread SET status = {rule},"
@@ -738,25 +748,30 @@ def _refresh_threads_statement(
     return sql, params
 
 
-def _in(column: str, ids: Sequence[UUID]) -> tuple[str, list[Any]]:
+def _in(column: str, ids: Sequence[UUID], *, any_number: bool = False) -> tuple[str, list[Any]]:
     """`column IN (ids)` written for the database: on PostgreSQL `column = %s` for one id, else
     one array parameter (two statement texts whatever the number: each prepared once); a list
-    of parameters on SQLite.
+    of parameters on SQLite. `any_number`: one text for any number, none included (an array,
+    `rows.array_param`), for a statement a connection should plan once whatever its size.
 
     One id is written as an equality because PostgreSQL plans a prepared statement anew on
     every execution while its generic plan looks dearer than the plans made for the values
     given, and an array of unknown length makes it look so: the thread refresh of a cancel was
     planned at every call, 0.8 ms of its 1.5 ms (docs/benchmarks.md)."""
     if _is_postgres():
+        if any_number:
+            return f"{column} = ANY(%s::uuid[])", [array_param(ids, connection.alias)]
         if len(ids) == 1:
             return f"{column} = %s", [ids[0]]
         return f"{column} = ANY(%s)", [list(ids)]
     return f"{column} IN ({', '.join(['%s'] * len(ids))})", [_uuid_param(i) for i in ids]
 
 
-def _not_in(column: str, ids: Sequence[UUID]) -> tuple[str, list[Any]]:
+def _not_in(column: str, ids: Sequence[UUID], *, any_number: bool = False) -> tuple[str, list[Any]]:
     """`column NOT IN (ids)`, as `_in` writes it."""
     if _is_postgres():
+        if any_number:
+            return f"{column} <> ALL(%s::uuid[])", [array_param(ids, connection.alias)]
         if len(ids) == 1:
             return f"{column} <> %s", [ids[0]]
         return f"{column} <> ALL(%s)", [list(ids)]
@@ -976,24 +991,3 @@ def cancel_notice(run_id: UUID, action: str) -> str:
     deleted it): `<run id>=<action>`. The worker running it then stops without asking the
     database (`engine/worker.py`); a bare run id (an older version's) asks it to apply one."""
     return f"{run_id}={action}"
-
-
-def _notify_cancel_many(runs: Sequence[tuple[UUID, str | None]], action: str) -> None:
-    """Tell the workers of `runs` (run id, lease owner) that this transaction applies their
-    cancel (`action`)."""
-    for channel, payload in _cancel_notices(runs, action):
-        _notify(channel, payload)
-
-
-def _cancel_notices(runs: Sequence[tuple[UUID, str | None]], action: str) -> list[tuple[str, str]]:
-    """The (channel, payload) notices of the cancel of `runs` (run id, lease owner): one channel
-    per worker (`cancel_channel`), in batches that keep a payload under PostgreSQL's 8000-byte
-    limit."""
-    by_channel: dict[str, list[str]] = {}
-    for run_id, owner in runs:
-        by_channel.setdefault(cancel_channel(owner), []).append(cancel_notice(run_id, action))
-    return [
-        (channel, ",".join(notices[i : i + 150]))
-        for channel, notices in by_channel.items()
-        for i in range(0, len(notices), 150)
-    ]

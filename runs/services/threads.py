@@ -19,13 +19,12 @@ from runs.models import (
 )
 from runs.rows import insert
 from runs.services import thread_hints
-from runs.services.cancel import _cancel_locked
+from runs.services.cancel import _cancel_locked, _notify_cancel_many
 from runs.services.core import (
     _audit,
     _check_json_size,
     _check_scope,
     _lock_thread,
-    _notify_cancel_many,
     _now,
 )
 from runs.services.search import search_refresh_thread
