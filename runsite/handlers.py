@@ -154,6 +154,16 @@ class ApiHandler(ASGIHandler):
                     live.publish_all(held)
         await self._after_answer()
 
+    async def send_response(self, response: Any, send: Any) -> None:
+        """Django's, with the length of a body held in memory (Django's CommonMiddleware sets
+        it in the full chain; the API's leaves it out): the server then sends the body as it
+        is instead of in chunks (`Transfer-Encoding: chunked`: framed, then an empty chunk to
+        end it), and the client reads a length instead of the chunks' framing. ~0.08 ms of
+        the server's CPU per request (docs/benchmarks.md)."""
+        if not response.streaming and not response.has_header("Content-Length"):
+            response.headers["Content-Length"] = str(len(response.content))
+        await super().send_response(response, send)
+
     async def _after_answer(self) -> None:
         """What a request leaves for after its answer: the API keys this process holds that
         are due to be read again (`api_key_auth.refresh_kept_keys`), so that no request waits
