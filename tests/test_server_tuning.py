@@ -167,3 +167,85 @@ def test_daphnes_reply_is_sent_once_it_has_written() -> None:
     assert _read_all(peer, 2) == b"{}"
     # An answer that ended (Twisted dropped its channel): nothing to send, nothing raised.
     reply(SimpleNamespace(channel=None), {"body": b""})
+
+
+class _CountingReactor(_Reactor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    def addWriter(self, selectable: object) -> None:  # noqa: N802
+        self.asked += 1
+        super().addWriter(selectable)
+
+    def removeReader(self, selectable: object) -> None:  # noqa: N802  (a close stops reading)
+        pass
+
+
+def _counted() -> tuple[object, socket.socket, _CountingReactor]:
+    connection, peer, _ = _connection()
+    connection.reactor = reactor = _CountingReactor()
+    return connection, peer, reactor
+
+
+def test_a_reply_on_an_idle_connection_is_sent_without_asking_the_reactor() -> None:
+    connection, peer, reactor = _counted()
+
+    def handle_reply(request: object, message: dict) -> None:
+        connection.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+        connection.writeSequence([message["body"]])
+
+    reply = server_tuning._sent_at_once(handle_reply)
+    reply(SimpleNamespace(channel=SimpleNamespace(transport=connection)), {"body": b"{}"})
+    assert _read_all(peer, 40) == b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"
+    assert reactor.asked == 0 and not reactor.writers
+    assert "startWriting" not in vars(connection)  # Twisted's own method again
+    connection.write(b"later")  # a write outside a reply asks the reactor, as Twisted does
+    assert reactor.writers == {connection}
+
+
+def test_what_a_reply_leaves_unsent_or_a_close_it_asks_for_is_the_reactors() -> None:
+    # More than the socket takes: the rest is left to the reactor, which is asked once.
+    connection, peer, reactor = _counted()
+    connection.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    big = bytes(range(256)) * 4096
+    reply = server_tuning._sent_at_once(lambda request, message: connection.write(big))
+    reply(SimpleNamespace(channel=SimpleNamespace(transport=connection)), {})
+    assert reactor.writers == {connection} and reactor.asked == 1
+    got = b""
+    peer.settimeout(5)
+    while len(got) < len(big):
+        if connection in reactor.writers:
+            connection.doWrite()
+        got += peer.recv(65536)
+    assert got == big and not reactor.writers
+
+    # A reply that closes the connection (HTTP/1.0, `Connection: close`): the reactor sends
+    # what it wrote and closes it, as before.
+    connection, peer, reactor = _counted()
+
+    def closing(request: object, message: dict) -> None:
+        connection.write(b"bye")
+        connection.loseConnection()
+
+    server_tuning._sent_at_once(closing)(
+        SimpleNamespace(channel=SimpleNamespace(transport=connection)), {}
+    )
+    assert connection.disconnecting and reactor.writers == {connection}
+    assert connection.dataBuffer + b"".join(connection._tempDataBuffer) == b"bye"
+
+    # Bytes already waiting for the reactor: the reply goes after them, through it.
+    connection, peer, reactor = _counted()
+    connection.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    connection.write(big)
+    server_tuning.send_buffered(connection)
+    server_tuning._sent_at_once(lambda request, message: connection.write(b"next"))(
+        SimpleNamespace(channel=SimpleNamespace(transport=connection)), {}
+    )
+    assert reactor.writers == {connection}
+    got = b""
+    while len(got) < len(big) + 4:
+        if connection in reactor.writers:
+            connection.doWrite()
+        got += peer.recv(65536)
+    assert got == big + b"next"
