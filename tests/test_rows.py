@@ -396,3 +396,16 @@ def test_an_array_parameter_is_one_type_whatever_its_values() -> None:
             ["%array_param%"],
         )
         assert cursor.fetchone()[0] == 1
+
+
+def test_insert_from_a_statement_refuses_a_field_the_model_does_not_have() -> None:
+    from runs.models import RunEvent
+    from runs.rows import insert_from_statement
+
+    event = RunEvent(run_id=uuid.uuid4(), seq=1, kind="k", data={}, actor="")
+    with pytest.raises(ValueError, match=r"no field \['sequence'\]"):
+        insert_from_statement(event, "ok", {"sequence": "ok.last_seq + 1"})
+    assert event._state.adding is True  # not marked saved: nothing was built
+    sql, params = insert_from_statement(event, "ok", {"seq": "ok.last_seq + 1"})
+    assert "SELECT" in sql and "ok.last_seq + 1" in sql and "FROM ok" in sql
+    assert event._state.adding is False

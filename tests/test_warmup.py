@@ -57,3 +57,19 @@ def test_a_template_that_does_not_compile_is_logged_and_the_rest_still_compile(
     settings.TEMPLATES = [{**settings.TEMPLATES[0], "DIRS": [tmp_path]}]
     assert warmup.warm_up() == 2
     assert "template broken.html does not compile" in caplog.text
+
+
+@pytest.mark.postgres
+def test_a_web_process_starts_when_its_database_cannot_plan_the_bulk_cancel(db) -> None:
+    """The database is not there (not created yet, a wrong name): the warm-up of the bulk
+    cancel is logged as not done and the ASGI application loads all the same."""
+    from tests.helpers import subprocess_env
+
+    env = subprocess_env(DATABASE_URL="postgres://postgres@127.0.0.1:5432/runsite_no_such_db")
+    probe = "import runsite.asgi; print(runsite.asgi.application.__name__)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "application"
+    assert "the bulk cancel's statements not planned" in done.stderr
