@@ -15,6 +15,7 @@ statements every run makes plan themselves on their first use.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -52,12 +53,22 @@ def warm_up() -> int:
     return compiled
 
 
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def warm_up_database() -> bool:
     """Plan the API's bulk cancel (`services.bulk_cancel_planned`, which changes nothing) on a
     pooled connection, then give it back to the pool, which lends it first (runsite/dbpool.py).
     Returns whether it did. Any failure (the database down or not migrated yet) is logged and
-    the server starts all the same: the first bulk cancel then plans its statements itself."""
-    if connection.vendor != "postgresql" or connection.in_atomic_block:
+    the server starts all the same: the first bulk cancel then plans its statements itself.
+    Nothing either where the application is loaded on a running event loop (a test importing
+    it in an async test), where Django refuses a database call."""
+    if connection.vendor != "postgresql" or connection.in_atomic_block or _on_event_loop():
         return False
     started = time.monotonic()
     try:

@@ -73,3 +73,20 @@ def test_a_web_process_starts_when_its_database_cannot_plan_the_bulk_cancel(db) 
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "application"
     assert "the bulk cancel's statements not planned" in done.stderr
+
+
+@pytest.mark.postgres
+def test_the_asgi_application_loads_on_a_running_event_loop(db) -> None:
+    """Loaded on a running event loop (an async test importing it first), where Django refuses
+    a database call: the application loads, and the database's warm-up is left out."""
+    from tests.helpers import probe
+
+    script = (
+        "import asyncio, json\n"
+        "async def load():\n"
+        "    import runsite.asgi\n"
+        "    from runsite import warmup\n"
+        "    return [runsite.asgi.application.__name__, warmup.warm_up_database()]\n"
+        "print(json.dumps(asyncio.run(load())))\n"
+    )
+    assert probe(script) == ["application", False]
