@@ -177,8 +177,10 @@ class Run(models.Model):
     base_checkpoint_id: UUID | None
     base_values: dict[str, Any] | None
     resumed_from: tuple[Checkpoint | None, list[ToolCall]]
-    # ...and the calls its claim marked `running` (tool_call_id -> the status they had).
+    # ...and the calls its claim marked `running` (tool_call_id -> the status they had), and
+    # its thread's metadata as the claim read it (what the run's search document takes from it).
     marked_calls: dict[str, str]
+    thread_metadata: Any
     # services.core._lock_newest_suspended_run(waiting=True): the calls it locked and read.
     waiting_calls: list[ToolCall]
     # selectors.with_queue_holders sets it on the runs a page shows: the run it waits behind.

@@ -57,6 +57,9 @@ class Finished:
     steps: list[services.StepWrite]  # written together with the end of the run
     events: list[tuple[str, dict[str, Any], str]]
     held: services.HeldWrites | None = None  # written first, with the end
+    # What the run's search document is made of, as the loop holds it (the end writes the
+    # document without reading it first when the database agrees).
+    source: services.DocumentSource | None = None
 
 
 @dataclass
@@ -267,6 +270,7 @@ class StepLoop:
                     steps=steps,
                     events=[("update", update, "system")],
                     held=self._take_held(),
+                    source=services.source_in_hand(self.run, calls.values()),
                 )
             if not isinstance(decision, ToolCalls) or not decision.calls:
                 raise NonRetryableError(f"model of agent {self.agent.id} returned {decision!r}")

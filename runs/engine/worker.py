@@ -100,6 +100,7 @@ def execute_claimed(claimed: services.ClaimedRun, control: RunControl) -> str:
                 steps=outcome.steps,
                 events=outcome.events,
                 held=outcome.held,
+                source=outcome.source,
             )
             outcome_status = RunStatus.SUCCESS
         else:

@@ -90,7 +90,12 @@ from runs.services.review_deadlines import (
 )
 from runs.services.runs import run_create, run_create_child
 from runs.services.saved_views import saved_view_create, saved_view_delete, saved_view_rename
-from runs.services.search import search_refresh, search_refresh_thread
+from runs.services.search import (
+    DocumentSource,
+    search_refresh,
+    search_refresh_thread,
+    source_in_hand,
+)
 from runs.services.steps import (
     run_emit,
     run_save_steps,
@@ -122,6 +127,7 @@ __all__ = [
     "BulkCancelResult",
     "CancelAnswer",
     "ClaimedRun",
+    "DocumentSource",
     "FenceResult",
     "HeldWrites",
     "Lease",
@@ -173,6 +179,7 @@ __all__ = [
     "saved_view_rename",
     "search_refresh",
     "search_refresh_thread",
+    "source_in_hand",
     "staff_scope_set",
     "step_event",
     "thread_create",

@@ -78,16 +78,19 @@ def run_finish(
     steps: Sequence[StepWrite] = (),
     events: Sequence[Event] = (),
     held: HeldWrites | None = None,
+    source: DocumentSource | None = None,
 ) -> FenceResult:
     """End a run the worker holds (success, error or timeout), with its last steps, in one go;
-    `held`: writes the step loop skipped (`HeldWrites`), made first.
+    `held`: writes the step loop skipped (`HeldWrites`), made first; `source`: what the run's
+    search document is made of as the worker holds it (`search.source_in_hand`), which lets a
+    success end in one round trip (`_end_at_once`).
 
     The common path (an agent that answers at once) is a single transaction: lock the thread,
     one fenced UPDATE that also ends the run, bulk inserts, and the thread's new status.
     """
     held = held or HeldWrites()
     try:
-        return _finish(lease, status, output, error, values, steps, events, held)
+        return _finish(lease, status, output, error, values, steps, events, held, source)
     except RunCancelled as stop:
         if held.outcome is not None and not stop.deleted:
             _record_outcome_after_cancel(lease, held.outcome)
@@ -103,6 +106,7 @@ def _finish(
     steps: Sequence[StepWrite],
     events: Sequence[Event],
     held: HeldWrites,
+    source: DocumentSource | None = None,
 ) -> FenceResult:
     _validate_choice(status, (RunStatus.SUCCESS, RunStatus.ERROR, RunStatus.TIMEOUT), "status")
     finished: dict[str, object] = {"status": status}
@@ -127,7 +131,7 @@ def _finish(
     ):
         if values is _UNSET:
             values = steps[-1].values if steps else _latest_thread_values(lease.thread_id)
-        return _finish_success_postgres(lease, output, values, steps, all_events, held)
+        return _finish_success_postgres(lease, output, values, steps, all_events, held, source)
     with transaction.atomic():
         _lock_thread(lease.thread_id)
         now = _now()
@@ -166,7 +170,7 @@ WITH f AS (
            lease_owner = NULL, lease_expires_at = NULL, deadline_at = NULL, updated_at = %(now)s,
            last_seq = last_seq + %(n_events)s
      WHERE id = %(run)s AND lease_owner = %(owner)s AND attempt = %(attempt)s
-       AND status = 'running'
+       AND status = 'running'{guard}
     RETURNING last_seq, cancel_action
 ), steps AS (
     INSERT INTO runs_checkpoint (id, thread_id, run_id, parent_id, step, values, pending, created_at)
@@ -203,14 +207,37 @@ _FINISH_PARTS = {
 }
 # A lost lease: no row.
 _FINISH_SQL_POSTGRES = _FINISH_SQL.format(
-    last="SELECT last_seq, cancel_action FROM f", **_FINISH_PARTS
+    last="SELECT last_seq, cancel_action FROM f", guard="", **_FINISH_PARTS
 )
+# `_end_at_once`'s end: the run's document built from what its worker holds, written only if
+# that is what the run's document is made of now (the thread's metadata and the run's calls as
+# `search.source_columns` reads them; its input never changes, its output and error are this
+# end's) and the end has no deliveries to write (no webhook, no rule for its agent); otherwise
+# no row, and nothing written.
+_AT_ONCE_GUARD = """
+       AND webhook = '' AND NOT EXISTS (
+           SELECT 1 FROM runs_notificationrule n
+            WHERE n.agent_id = runs_run.agent_id AND n.active)
+       AND (SELECT t.metadata FROM runs_thread t WHERE t.id = %(thread)s)
+           IS NOT DISTINCT FROM %(metadata)s::jsonb
+       AND (SELECT COALESCE(jsonb_agg(jsonb_build_array(tc.tool_call_id, tc.tool_name, tc.args,
+                                                        tc.resume_data, tc.result)
+                                      ORDER BY tc.step, tc.created_at, tc.id), '[]'::jsonb)
+              FROM runs_toolcall tc WHERE tc.run_id = %(run)s) = %(calls)s::jsonb"""
+_FINISH_AT_ONCE_SQL_POSTGRES = _FINISH_SQL.format(
+    last="SELECT last_seq, cancel_action FROM f", guard=_AT_ONCE_GUARD, **_FINISH_PARTS
+)
+# Its first statement, in the same round trip: the thread locked before the run (the order
+# every writer takes them in), so that the end's statement, whose snapshot follows it, reads
+# what the thread holds now.
+_LOCK_THREAD_SQL = "SELECT 1 FROM runs_thread WHERE id = %s FOR NO KEY UPDATE"
 # A lost lease: the statement fails (runs_lease_held, migration 0015), and so does everything
 # queued behind it, its COMMIT too. The end with held writes: they, this and the COMMIT go in
 # one round trip, and a lost lease rolls them back.
 _FINISH_SQL_POSTGRES_OR_FAIL = _FINISH_SQL.format(
     last="SELECT (SELECT last_seq FROM f), (SELECT cancel_action FROM f),"
     " runs_lease_held((SELECT count(*) FROM f))",
+    guard="",
     **_FINISH_PARTS,
 )
 # The SQLSTATE runs_lease_held raises.
@@ -239,12 +266,14 @@ def _finish_success_postgres(
     steps: Sequence[StepWrite],
     all_events: Sequence[Event],
     held: HeldWrites,
+    source: DocumentSource | None = None,
 ) -> FenceResult:
     """The common end of a run in two round trips: lock the thread (reading what the run's
     search document is made of), then one statement that fences and ends the run, writes its
     last steps, events and document, and updates the thread, with its COMMIT. Held calls and a
     held outcome are one statement more, sent in that second round trip before the end's, which
-    then fails on a lost lease (raised as `_lease_lost`), so that they roll back."""
+    then fails on a lost lease (raised as `_lease_lost`), so that they roll back. With the
+    document's source in hand and nothing held, in one round trip first (`_end_at_once`)."""
     now = _now()
     params: dict[str, _Param] = {
         "run": lease.run_id,
@@ -273,25 +302,78 @@ def _finish_success_postgres(
             [{"kind": k, "data": d, "actor": a} for k, d, a in all_events], allow_nan=False
         ),
     }
+    if source is not None and held.outcome is None and not held.tool_calls:
+        done = _end_at_once(lease, output, params, source, steps)
+        if done is not None:
+            return done
     try:
         with transaction.atomic():
-            row, announce = _end_in_transaction(lease, output, params, held)
-            if announce:
-                _announce(lease.run_id, RunStatus.SUCCESS)
-            outcome = _success_body(RunStatus.SUCCESS, steps)
-            _publish_fenced(lease, row[0], status=RunStatus.SUCCESS, outcome=outcome)
+            ended = _end_in_transaction(lease, output, params, held)
+            if ended is not None:
+                row, announce = ended
+                if announce:
+                    _announce(lease.run_id, RunStatus.SUCCESS)
+                outcome = _success_body(RunStatus.SUCCESS, steps)
+                _publish_fenced(lease, row[0], status=RunStatus.SUCCESS, outcome=outcome)
     except DatabaseError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == LEASE_LOST_SQLSTATE:
             raise _lease_lost(lease) from None  # (the held writes rolled back)
         raise
+    if ended is None:
+        # Asked after the transaction: its COMMIT may have gone with the end's statement, and
+        # nothing may run in it after that.
+        raise _lease_lost(lease)
+    return FenceResult(last_seq=row[0], cancel_action=row[1])
+
+
+def _end_at_once(
+    lease: Lease,
+    output: JSONValue,
+    params: dict[str, _Param],
+    source: DocumentSource,
+    steps: Sequence[StepWrite],
+) -> FenceResult | None:
+    """`_finish_success_postgres` in one round trip: BEGIN, the thread's lock, the end with
+    the run's document built from `source` instead of read under the lock first, and COMMIT.
+    None when the end must take the two round trips: its document's source is not what the
+    worker holds (the thread's metadata changed while the run ran), it has deliveries to write,
+    or its lease is lost (which the two round trips raise), or what the worker holds is not
+    plain JSON (a tool's result as it returned it: the database holds it as its encoder wrote
+    it). Nothing was written then."""
+    source.ended(output=output)
+    metadata = source.thread_metadata
+    try:
+        at_once = {
+            **params,
+            "document": source.document(),
+            "metadata": None if metadata is None else json.dumps(metadata, allow_nan=False),
+            "calls": json.dumps(source.calls, allow_nan=False),
+        }
+    except (TypeError, ValueError):
+        return None
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            execute_last(
+                connection,
+                cursor,
+                _FINISH_AT_ONCE_SQL_POSTGRES,
+                at_once,
+                before=[(_LOCK_THREAD_SQL, [lease.thread_id])],
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        outcome = _success_body(RunStatus.SUCCESS, steps)
+        _publish_fenced(lease, row[0], status=RunStatus.SUCCESS, outcome=outcome)
     return FenceResult(last_seq=row[0], cancel_action=row[1])
 
 
 def _end_in_transaction(
     lease: Lease, output: JSONValue, params: dict[str, _Param], held: HeldWrites
-) -> tuple[tuple[int, str | None], bool]:
+) -> tuple[tuple[int, str | None], bool] | None:
     """`_finish_success_postgres`'s statements: the end's row (last_seq, cancel_action) and
-    whether it has deliveries to announce."""
+    whether it has deliveries to announce; None when the run is gone or its lease lost (nothing
+    was written)."""
     with connection.cursor() as cursor:
         execute_planned(
             cursor,
@@ -300,7 +382,7 @@ def _end_in_transaction(
         )
         found = cursor.fetchone()
         if found is None:  # the run was deleted (with its thread or by a rollback)
-            raise _lease_lost(lease)
+            return None
         *source_values, announce = found
         source = source_of(lease.run_id, source_values)
         held_writes = _held_calls_statements(lease, held, source)
@@ -320,7 +402,7 @@ def _end_in_transaction(
             execute_last(connection, cursor, end, params, before=held_writes)
         row = cursor.fetchone()
     if row is None:
-        raise _lease_lost(lease)
+        return None
     return (row[0], row[1]), announce
 
 

@@ -135,6 +135,9 @@ SELECT claimed.*, base.id AS base_checkpoint_id, base.values AS base_values,
        own.checkpoint AS own_checkpoint, own_calls.calls AS own_calls,
        (SELECT jsonb_object_agg(m.tool_call_id, m.was) FROM marked m
          WHERE m.run_id = claimed.id) AS marked_calls,
+       -- What the run's search document takes from its thread, for its end to write the
+       -- document without reading it first (services/finish.py, `_end_at_once`).
+       (SELECT t.metadata FROM runs_thread t WHERE t.id = claimed.thread_id) AS thread_metadata,
        -- A claim lost in a database crash leaves the run pending (safe), and the worker's
        -- next synchronous commit flushes it anyway: no need to wait for the WAL flush. A
        -- claim that marks a call waits for it: the call's tool (with effects) runs next, and
@@ -198,11 +201,12 @@ def run_claim(*, owner: str, limit: int = 1, told: bool = False) -> list[Claimed
     itself, not first by `_claimable` (a round trip that would almost always answer "yes").
 
     Each claimed Run carries `fresh` (never started before: no checkpoint of its own) and, on
-    PostgreSQL, `base_checkpoint_id`/`base_values` (the thread state a fresh run starts from)
-    or `resumed_from` (what one started before continues from: its latest checkpoint, None
-    without one, and its tool calls) and `marked_calls`: its next call, decided, marked
-    `running` by the claim (tool_call_id -> the status it had; the step loop runs its tool
-    without marking it again).
+    PostgreSQL, `thread_metadata` (its thread's, as the claim read it: what the run's search
+    document takes from it), `base_checkpoint_id`/`base_values` (the thread state a fresh run
+    starts from) or `resumed_from` (what one started before continues from: its latest
+    checkpoint, None without one, and its tool calls) and `marked_calls`: its next call,
+    decided, marked `running` by the claim (tool_call_id -> the status it had; the step loop
+    runs its tool without marking it again).
     """
     now = _now()
     expires = now + timedelta(seconds=settings.RUNS_LEASE_SECONDS)
@@ -263,6 +267,8 @@ def _decode_claimed(run: Run) -> None:
     """The claim's extra columns (JSON, as psycopg hands it over) as `Run` declares them."""
     if isinstance(run.base_values, str):
         run.base_values = json.loads(run.base_values)
+    if isinstance(run.thread_metadata, str):
+        run.thread_metadata = json.loads(run.thread_metadata)
     own: Any = run.__dict__.pop("own_checkpoint", None)
     calls: Any = run.__dict__.pop("own_calls", None)
     marked: Any = run.__dict__.pop("marked_calls", None)

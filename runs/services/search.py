@@ -243,6 +243,38 @@ def source_of(run_id: UUID, values: Sequence[Any]) -> DocumentSource:
     return DocumentSource(run_id, input, output, error, metadata, [list(c) for c in calls])
 
 
+def source_in_hand(run: Run, calls: Iterable[ToolCall]) -> DocumentSource | None:
+    """The `DocumentSource` of a run its worker holds, from what the worker has in hand: the
+    run as its claim read it (with its thread's metadata, `services.run_claim` on PostgreSQL)
+    and its tool calls as the step loop keeps them. None without the thread's metadata
+    (SQLite's claim) or with a call not yet given its creation time. Whoever writes a
+    document built from it checks the source against the database in the same statement
+    (`finish._end_at_once`): the thread's metadata can change while the run runs."""
+    if "thread_metadata" not in run.__dict__:
+        return None
+    held = list(calls)
+    if any(tc.created_at is None or tc.id is None for tc in held):
+        return None
+    held.sort(key=lambda tc: (tc.step, tc.created_at, tc.id))
+    return DocumentSource(
+        run.id,
+        as_stored(run.input),
+        None,
+        None,
+        as_stored(run.thread_metadata),
+        [
+            [
+                tc.tool_call_id,
+                tc.tool_name,
+                as_stored(tc.args),
+                as_stored(tc.resume_data),
+                as_stored(tc.result),
+            ]
+            for tc in held
+        ],
+    )
+
+
 def source_read(run_id: UUID) -> DocumentSource | None:
     """The `DocumentSource` of a run, read on its own (where a fence cannot return it)."""
     row = (
