@@ -181,6 +181,7 @@ class Run(models.Model):
     # its thread's metadata as the claim read it (what the run's search document takes from it).
     marked_calls: dict[str, str]
     thread_metadata: Any
+    ends_announced: bool
     # services.core._lock_newest_suspended_run(waiting=True): the calls it locked and read.
     waiting_calls: list[ToolCall]
     # selectors.with_queue_holders sets it on the runs a page shows: the run it waits behind.

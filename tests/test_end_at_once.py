@@ -230,3 +230,102 @@ def test_a_run_not_read_by_a_claim_has_no_source_in_hand() -> None:
     assert services.source_in_hand(Run.objects.get(id=run.id), []) is None
     [claimed] = services.run_claim(owner="w", limit=1)
     assert services.source_in_hand(claimed.run, []) is not None
+
+
+def test_a_resumed_run_ends_with_its_held_outcome_in_one_round_trip(
+    drain: Any, reviewer: Any
+) -> None:
+    """The refund agent's model decides in process: the refund's outcome is held for the end,
+    which writes it in its own round trip, behind the thread's lock."""
+    thread = services.thread_create(metadata={"desk": "refunds"})
+    run = services.run_create(
+        agent_id="refund", thread_id=thread.id, input={"order_id": "C1", "amount": 3}, actor="t"
+    )
+    drain()
+    services.tool_call_approve(run=Run.objects.get(id=run.id), actor=reviewer)
+    with traced() as sent:
+        assert drain() == 1
+    # The claim commits alone (it marks the approved call); the end is one round trip.
+    assert _transactions(sent) == [1], round_trips(sent)
+    row = _written(run.id)
+    assert row["run"][0] == RunStatus.SUCCESS
+    assert "result issue_refund" in row["document"]
+    assert row["document"] == _document_read_afresh(run.id)
+    [refund] = Run.objects.get(id=run.id).tool_calls.filter(tool_name="issue_refund")
+    assert refund.status == "succeeded" and refund.result is not None
+
+
+@pytest.mark.parametrize("announced", ["rule", "webhook"])
+def test_an_end_with_deliveries_takes_the_two_round_trips_and_writes_them(
+    drain: Any, settings: Any, announced: str
+) -> None:
+    from runs.models import Delivery, NotificationRule
+
+    settings.RUNS_WEBHOOK_ALLOW_PRIVATE = True
+    run = services.run_create(agent_id="echo", thread_id=None, input=1, actor="t")
+    if announced == "rule":
+        NotificationRule.objects.create(
+            name="ends", agent_id="echo", events=["success"], webhook_url="https://hooks.test/x"
+        )
+    else:
+        Run.objects.filter(id=run.id).update(webhook="https://hooks.test/run")
+    assert _reads_the_source(lambda: drain() == 1)
+    assert Run.objects.get(id=run.id).status == RunStatus.SUCCESS
+    assert Delivery.objects.filter(run_id=run.id).count() == 1
+
+
+def test_held_writes_behind_a_source_that_changed_roll_back_and_are_made_once(
+    reviewer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end with a held outcome finds the thread's metadata changed since the claim: its
+    statement fails, the outcome written before it in the same round trip rolls back with it,
+    and the two round trips write the outcome once, with the document of what the thread holds
+    now."""
+    thread = services.thread_create(metadata={"desk": "refunds"})
+    run = services.run_create(
+        agent_id="refund", thread_id=thread.id, input={"order_id": "D1", "amount": 2}, actor="t"
+    )
+    from runs.engine.worker import drain
+
+    drain()
+    services.tool_call_approve(run=Run.objects.get(id=run.id), actor=reviewer)
+    [claimed] = services.run_claim(owner="w", limit=1)
+    _, calls = claimed.run.resumed_from
+    [refund] = [tc for tc in calls if tc.tool_name == "issue_refund"]
+    source = services.source_in_hand(claimed.run, calls)
+    assert source is not None
+    services.thread_update(thread=Thread.objects.get(id=thread.id), metadata={"desk": "moved"})
+    result = {"refunded": 2}
+    refund.status, refund.result = "succeeded", result
+    outcome = services.ToolOutcome(
+        tool_call=refund,
+        status="succeeded",
+        result=result,
+        event=("tool_result", {"tool_call_id": refund.tool_call_id, "result": result}, "system"),
+    )
+    values = {"messages": [], "output": {"done": True}}
+    from runs.services import finish
+
+    two_round_trips = []
+    real = finish._end_in_transaction
+    monkeypatch.setattr(
+        finish, "_end_in_transaction", lambda *a: two_round_trips.append(1) or real(*a)
+    )
+    services.run_finish(
+        lease=claimed.lease,
+        status=RunStatus.SUCCESS,
+        output={"done": True},
+        values=values,
+        steps=[services.StepWrite(uuid7(), 9, values, [], None)],
+        events=[("tool_result", {"tool_call_id": refund.tool_call_id}, "system")],
+        held=services.HeldWrites(outcome=outcome),
+        source=source,
+    )
+    assert two_round_trips == [1]  # (after the one round trip failed and rolled back)
+    row = _written(run.id)
+    assert row["run"][0] == RunStatus.SUCCESS
+    assert "desk moved" in row["document"] and "refunded 2" in row["document"]
+    assert row["document"] == _document_read_afresh(run.id)
+    stored = Run.objects.get(id=run.id).tool_calls.get(tool_name="issue_refund")
+    assert (stored.status, stored.result) == ("succeeded", result)
+    assert [kind for _, kind, _, _ in row["events"]].count("finished") == 1

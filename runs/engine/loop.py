@@ -264,13 +264,18 @@ class StepLoop:
                     "node": "agent",
                     "update": {"messages": [message], "output": decision.output},
                 }
+                held = self._take_held()
+                unwritten = {c["tool_call_id"] for c in held.tool_calls} if held else set()
                 return Finished(
                     output=decision.output,
                     values=values,
                     steps=steps,
                     events=[("update", update, "system")],
-                    held=self._take_held(),
-                    source=services.source_in_hand(self.run, calls.values()),
+                    held=held,
+                    # (the held calls are added as the end writes them)
+                    source=services.source_in_hand(
+                        self.run, [c for c in calls.values() if c.tool_call_id not in unwritten]
+                    ),
                 )
             if not isinstance(decision, ToolCalls) or not decision.calls:
                 raise NonRetryableError(f"model of agent {self.agent.id} returned {decision!r}")

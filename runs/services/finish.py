@@ -227,6 +227,14 @@ _AT_ONCE_GUARD = """
 _FINISH_AT_ONCE_SQL_POSTGRES = _FINISH_SQL.format(
     last="SELECT last_seq, cancel_action FROM f", guard=_AT_ONCE_GUARD, **_FINISH_PARTS
 )
+# ...behind held writes: it fails instead (as `_FINISH_SQL_POSTGRES_OR_FAIL`), so that they roll
+# back with it.
+_FINISH_AT_ONCE_SQL_POSTGRES_OR_FAIL = _FINISH_SQL.format(
+    last="SELECT (SELECT last_seq FROM f), (SELECT cancel_action FROM f),"
+    " runs_lease_held((SELECT count(*) FROM f))",
+    guard=_AT_ONCE_GUARD,
+    **_FINISH_PARTS,
+)
 # Its first statement, in the same round trip: the thread locked before the run (the order
 # every writer takes them in), so that the end's statement, whose snapshot follows it, reads
 # what the thread holds now.
@@ -273,7 +281,7 @@ def _finish_success_postgres(
     last steps, events and document, and updates the thread, with its COMMIT. Held calls and a
     held outcome are one statement more, sent in that second round trip before the end's, which
     then fails on a lost lease (raised as `_lease_lost`), so that they roll back. With the
-    document's source in hand and nothing held, in one round trip first (`_end_at_once`)."""
+    document's source in hand, in one round trip first (`_end_at_once`)."""
     now = _now()
     params: dict[str, _Param] = {
         "run": lease.run_id,
@@ -302,8 +310,8 @@ def _finish_success_postgres(
             [{"kind": k, "data": d, "actor": a} for k, d, a in all_events], allow_nan=False
         ),
     }
-    if source is not None and held.outcome is None and not held.tool_calls:
-        done = _end_at_once(lease, output, params, source, steps)
+    if source is not None:
+        done = _end_at_once(lease, output, params, source, steps, held)
         if done is not None:
             return done
     try:
@@ -332,14 +340,17 @@ def _end_at_once(
     params: dict[str, _Param],
     source: DocumentSource,
     steps: Sequence[StepWrite],
+    held: HeldWrites,
 ) -> FenceResult | None:
-    """`_finish_success_postgres` in one round trip: BEGIN, the thread's lock, the end with
-    the run's document built from `source` instead of read under the lock first, and COMMIT.
-    None when the end must take the two round trips: its document's source is not what the
-    worker holds (the thread's metadata changed while the run ran), it has deliveries to write,
-    or its lease is lost (which the two round trips raise), or what the worker holds is not
-    plain JSON (a tool's result as it returned it: the database holds it as its encoder wrote
-    it). Nothing was written then."""
+    """`_finish_success_postgres` in one round trip: BEGIN, the thread's lock, the held writes,
+    the end with the run's document built from `source` instead of read under the lock first,
+    and COMMIT. None when the end must take the two round trips: its document's source is not
+    what the worker holds (the thread's metadata changed while the run ran), it has deliveries
+    to write, or its lease is lost (which the two round trips raise), or what the worker holds
+    is not plain JSON (a tool's result as it returned it: the database holds it as its encoder
+    wrote it). Nothing was written then: behind held writes the end fails rather than match no
+    row, and they roll back with it."""
+    held_writes = _held_calls_statements(lease, held, source)
     source.ended(output=output)
     metadata = source.thread_metadata
     try:
@@ -351,20 +362,26 @@ def _end_at_once(
         }
     except (TypeError, ValueError):
         return None
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            execute_last(
-                connection,
-                cursor,
-                _FINISH_AT_ONCE_SQL_POSTGRES,
-                at_once,
-                before=[(_LOCK_THREAD_SQL, [lease.thread_id])],
-            )
-            row = cursor.fetchone()
-        if row is None:
-            return None
-        outcome = _success_body(RunStatus.SUCCESS, steps)
-        _publish_fenced(lease, row[0], status=RunStatus.SUCCESS, outcome=outcome)
+    end = _FINISH_AT_ONCE_SQL_POSTGRES_OR_FAIL if held_writes else _FINISH_AT_ONCE_SQL_POSTGRES
+    try:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                execute_last(
+                    connection,
+                    cursor,
+                    end,
+                    at_once,
+                    before=[(_LOCK_THREAD_SQL, [lease.thread_id]), *held_writes],
+                )
+                row = cursor.fetchone()
+            if row is None:
+                return None
+            outcome = _success_body(RunStatus.SUCCESS, steps)
+            _publish_fenced(lease, row[0], status=RunStatus.SUCCESS, outcome=outcome)
+    except DatabaseError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == LEASE_LOST_SQLSTATE:
+            return None  # (the held writes rolled back)
+        raise
     return FenceResult(last_seq=row[0], cancel_action=row[1])
 
 

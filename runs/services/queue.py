@@ -138,6 +138,10 @@ SELECT claimed.*, base.id AS base_checkpoint_id, base.values AS base_values,
        -- What the run's search document takes from its thread, for its end to write the
        -- document without reading it first (services/finish.py, `_end_at_once`).
        (SELECT t.metadata FROM runs_thread t WHERE t.id = claimed.thread_id) AS thread_metadata,
+       -- ...and whether its end has deliveries to write (its webhook, a rule for its agent).
+       claimed.webhook <> '' OR EXISTS (
+           SELECT 1 FROM runs_notificationrule n
+            WHERE n.agent_id = claimed.agent_id AND n.active) AS ends_announced,
        -- A claim lost in a database crash leaves the run pending (safe), and the worker's
        -- next synchronous commit flushes it anyway: no need to wait for the WAL flush. A
        -- claim that marks a call waits for it: the call's tool (with effects) runs next, and
@@ -202,7 +206,8 @@ def run_claim(*, owner: str, limit: int = 1, told: bool = False) -> list[Claimed
 
     Each claimed Run carries `fresh` (never started before: no checkpoint of its own) and, on
     PostgreSQL, `thread_metadata` (its thread's, as the claim read it: what the run's search
-    document takes from it), `base_checkpoint_id`/`base_values` (the thread state a fresh run
+    document takes from it) and `ends_announced` (its end has deliveries to write, as far as
+    the claim saw), `base_checkpoint_id`/`base_values` (the thread state a fresh run
     starts from) or `resumed_from` (what one started before continues from: its latest
     checkpoint, None without one, and its tool calls) and `marked_calls`: its next call,
     decided, marked `running` by the claim (tool_call_id -> the status it had; the step loop

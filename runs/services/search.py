@@ -247,11 +247,12 @@ def source_in_hand(run: Run, calls: Iterable[ToolCall]) -> DocumentSource | None
     """The `DocumentSource` of a run its worker holds, from what the worker has in hand: the
     run as its claim read it (with its thread's metadata, `services.run_claim` on PostgreSQL)
     and its tool calls as the step loop keeps them. None without the thread's metadata
-    (SQLite's claim) or with a call not yet given its creation time. Whoever writes a
+    (SQLite's claim), for a run whose end has deliveries to write, or with a call not yet given
+    its creation time. Whoever writes a
     document built from it checks the source against the database in the same statement
     (`finish._end_at_once`): the thread's metadata can change while the run runs."""
-    if "thread_metadata" not in run.__dict__:
-        return None
+    if "thread_metadata" not in run.__dict__ or run.__dict__.get("ends_announced", True):
+        return None  # (an end with deliveries writes them after it: the two round trips)
     held = list(calls)
     if any(tc.created_at is None or tc.id is None for tc in held):
         return None
