@@ -212,7 +212,12 @@ print(json.dumps({
     "the resume's locking read": plans("s AS MATERIALIZED", "waiting"),
     # (the approved call is marked running by the resumed run's claim)
     "the approved call marked running alone": plans("WITH f AS", "w AS (UPDATE"),
-    "the end's locking read": plans("JOIN runs_run r ON r.thread_id = t.id", "OF t", start="SELECT"),
+    # (its document built from what the worker holds: the lock reads nothing, in the end's
+    # round trip)
+    "the end's lock": plans("FOR NO KEY UPDATE", start="SELECT 1 FROM runs_thread WHERE id"),
+    "the end's locking read (not made)": plans(
+        "JOIN runs_run r ON r.thread_id = t.id", "OF t", start="SELECT"
+    ),
     "the end": plans("status = 'success'", "runs_lease_held"),
 }))
 """
@@ -230,6 +235,7 @@ def test_a_new_connection_plans_the_hot_statements_of_a_run_once() -> None:
     assert looked == [[4, 0]], looked
     assert seen.pop("the claim") == [[2, 0]], seen
     assert seen.pop("the approved call marked running alone") == [], seen
+    assert seen.pop("the end's locking read (not made)") == [], seen
     for name, plans in seen.items():
         assert plans == [[1, 0]], (name, plans)
 
