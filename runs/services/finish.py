@@ -58,7 +58,13 @@ from runs.services.core import (
     stateless_expiry,
 )
 from runs.services.notifications import _announce, _rules_of_run
-from runs.services.search import DocumentSource, search_refresh, source_columns, source_of
+from runs.services.search import (
+    DocumentSource,
+    calls_source_sql,
+    search_refresh,
+    source_columns,
+    source_of,
+)
 from runs.services.steps import (
     _new_tool_calls,
     _outcome_statement,
@@ -220,10 +226,7 @@ _AT_ONCE_GUARD = """
             WHERE n.agent_id = runs_run.agent_id AND n.active)
        AND (SELECT t.metadata FROM runs_thread t WHERE t.id = %(thread)s)
            IS NOT DISTINCT FROM %(metadata)s::jsonb
-       AND (SELECT COALESCE(jsonb_agg(jsonb_build_array(tc.tool_call_id, tc.tool_name, tc.args,
-                                                        tc.resume_data, tc.result)
-                                      ORDER BY tc.step, tc.created_at, tc.id), '[]'::jsonb)
-              FROM runs_toolcall tc WHERE tc.run_id = %(run)s) = %(calls)s::jsonb"""
+       AND {calls} = %(calls)s::jsonb""".format(calls=calls_source_sql("%(run)s"))
 _FINISH_AT_ONCE_SQL_POSTGRES = _FINISH_SQL.format(
     last="SELECT last_seq, cancel_action FROM f", guard=_AT_ONCE_GUARD, **_FINISH_PARTS
 )

@@ -199,12 +199,14 @@ class DocumentSource:
 
 # What a document is made of, as columns of a statement over the run's row (`{run}`): a fence's
 # RETURNING on PostgreSQL, a SELECT on SQLite (one read more there, where reads cost nothing).
+# The run's calls as its document lists them (`DocumentSource.calls`), over its id `{run_id}`.
+_CALLS_SOURCE_POSTGRES = """(SELECT COALESCE(jsonb_agg(jsonb_build_array(tc.tool_call_id, tc.tool_name,
+                                                    tc.args, tc.resume_data, tc.result)
+                                  ORDER BY tc.step, tc.created_at, tc.id), '[]'::jsonb)
+          FROM runs_toolcall tc WHERE tc.run_id = {run_id})"""
 _SOURCE_POSTGRES = """{run}.input, {run}.output, {run}.error,
        (SELECT t.metadata FROM runs_thread t WHERE t.id = {run}.thread_id),
-       (SELECT COALESCE(jsonb_agg(jsonb_build_array(tc.tool_call_id, tc.tool_name, tc.args,
-                                                    tc.resume_data, tc.result)
-                                  ORDER BY tc.step, tc.created_at, tc.id), '[]'::jsonb)
-          FROM runs_toolcall tc WHERE tc.run_id = {run}.id)"""
+       """ + _CALLS_SOURCE_POSTGRES.replace("{run_id}", "{run}.id")
 _WRITE_ONE = (
     "INSERT INTO runs_runsearch (run_id, document) VALUES (%s, %s)"
     " ON CONFLICT (run_id) DO UPDATE SET document = EXCLUDED.document"
@@ -235,6 +237,13 @@ def source_columns(run: str) -> str | None:
     return _SOURCE_POSTGRES.format(run=run) if connection.vendor == "postgresql" else None
 
 
+def calls_source_sql(run_id: str) -> str:
+    """The run's calls as `source_columns` reads them (its document's order), as an SQL
+    expression over `run_id` (a column or a placeholder): what a write built from a source in
+    hand compares with (`finish._end_at_once`)."""
+    return _CALLS_SOURCE_POSTGRES.format(run_id=run_id)
+
+
 def source_of(run_id: UUID, values: Sequence[Any]) -> DocumentSource:
     """The `DocumentSource` of the five `source_columns` values (JSON as text)."""
     input, output, error, metadata, calls = (
@@ -248,9 +257,9 @@ def source_in_hand(run: Run, calls: Iterable[ToolCall]) -> DocumentSource | None
     run as its claim read it (with its thread's metadata, `services.run_claim` on PostgreSQL)
     and its tool calls as the step loop keeps them. None without the thread's metadata
     (SQLite's claim), for a run whose end has deliveries to write, or with a call not yet given
-    its creation time. Whoever writes a
-    document built from it checks the source against the database in the same statement
-    (`finish._end_at_once`): the thread's metadata can change while the run runs."""
+    its creation time. Whoever writes a document built from it checks the source against the
+    database in the same statement (`finish._end_at_once`): the thread's metadata can change
+    while the run runs."""
     if "thread_metadata" not in run.__dict__ or run.__dict__.get("ends_announced", True):
         return None  # (an end with deliveries writes them after it: the two round trips)
     held = list(calls)
