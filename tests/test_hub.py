@@ -228,6 +228,63 @@ async def test_a_worker_thread_sends_its_change_itself(monkeypatch: pytest.Monke
 
 
 @pytest.mark.postgres
+def test_a_sending_thread_publishes_on_one_redis_connection_of_its_own_and_closes_it(
+    settings: Any,
+) -> None:
+    """A worker's run thread sends each change on a Redis connection it keeps for the block
+    (`live.sending_thread`), not through the client's pool; a send that fails drops that
+    connection, and the next one connects afresh; the block's end closes it."""
+    import redis
+
+    layer = get_channel_layer()
+    if isinstance(layer, live.InMemoryChannelLayer):
+        pytest.skip("the in-memory layer is bound to one loop: the publisher's")
+    sender = live._blocking_sender(layer)
+    assert sender is not None
+    address = settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]["address"]
+    admin = redis.Redis.from_url(address)
+    listener = admin.pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(sender.channel)
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    seen: dict[str, Any] = {}
+
+    def client_id(conn: Any) -> int:
+        conn.send_command("CLIENT", "ID")
+        return int(conn.read_response())
+
+    def run_thread() -> None:
+        with live.sending_thread():
+            seen["first"] = sender.send([change(ids[0])])
+            conn = live._inline.redis[1]
+            seen["kept"] = client_id(conn)
+            admin.client_kill_filter(_id=seen["kept"])  # Redis drops it
+            seen["dropped"] = sender.send([change(ids[1])])
+            seen["again"] = sender.send([change(ids[2])])
+            seen["same object"] = live._inline.redis[1] is conn
+            seen["reconnected"] = client_id(conn)
+        seen["open after"] = conn._sock is not None
+
+    try:
+        done = threading.Thread(target=run_thread)
+        done.start()
+        done.join(10)
+        heard = []
+        deadline = time.monotonic() + 5
+        while len(heard) < 2 and time.monotonic() < deadline:
+            message = listener.get_message(timeout=0.5)
+            if message is not None:
+                heard.append(layer.deserialize(message["data"])["run_id"])
+    finally:
+        listener.close()
+    assert seen["first"] is True and seen["dropped"] is False and seen["again"] is True
+    assert seen["same object"] and seen["reconnected"] != seen["kept"]
+    assert seen["open after"] is False
+    assert heard == [ids[0], ids[2]]
+    clients = admin.client_list()
+    assert not any(int(c["id"]) == seen["reconnected"] for c in clients)
+
+
+@pytest.mark.postgres
 async def test_a_layer_on_hosts_given_otherwise_is_sent_to_on_the_threads_own_loop(
     monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:

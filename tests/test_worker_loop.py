@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from runs import services
+from runs import live, services
 from runs.engine.worker import Worker
 from runs.models import Run, RunStatus
 from tests.helpers import wait_for
@@ -36,6 +36,21 @@ def start(worker: Worker) -> threading.Thread:
     thread = threading.Thread(target=worker.run_forever, daemon=True)
     thread.start()
     return thread
+
+
+def echo_runs(n: int) -> list[Run]:
+    return [
+        services.run_create(agent_id="echo", thread_id=None, input={"n": i}, actor="t")
+        for i in range(n)
+    ]
+
+
+def until_all_succeed(runs: list[Run]) -> None:
+    ids = [r.id for r in runs]
+    wait_for(
+        lambda: Run.objects.filter(id__in=ids, status=RunStatus.SUCCESS).count() == len(ids),
+        timeout=30,
+    )
 
 
 def test_a_claim_that_fills_fewer_slots_than_free_is_not_repeated_until_a_run_ends(claims) -> None:
@@ -69,11 +84,7 @@ def test_runs_queued_past_the_free_slots_are_claimed_as_runs_end(claims) -> None
     worker = Worker(concurrency=2, listen=False, poll_seconds=60, heartbeat_seconds=60)
     loop = start(worker)
     try:  # no timer turn within 60 s: the third run is claimed on the first run's end
-        ids = [r.id for r in runs]
-        wait_for(
-            lambda: Run.objects.filter(id__in=ids, status=RunStatus.SUCCESS).count() == 3,
-            timeout=30,
-        )
+        until_all_succeed(runs)
     finally:
         worker.stop()
         loop.join(10)
@@ -81,6 +92,42 @@ def test_runs_queued_past_the_free_slots_are_claimed_as_runs_end(claims) -> None
     assert got[:2] == [2, 1], got
     ended = [r for r, status in claims[1][1].items() if status == RunStatus.SUCCESS]
     assert len(ended) == 1  # the second claim came with the first end
+
+
+def test_a_claimed_runs_change_goes_out_from_its_own_thread_before_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The claim's change (the run now `running`) is sent by the thread that runs the run, as
+    its end is, in that order; the loop's thread, which claims, sends nothing of it."""
+    sent: list[tuple[str, str, str]] = []  # (run, status, the sending thread)
+    inline, submit = live._publish_inline, live._publisher.submit
+
+    def noting(send: Any) -> Any:
+        def noted(change: live.RunChange) -> Any:
+            went = send(change)
+            if went is not False:  # (an inline send that hands the change to the publisher)
+                sent.append((change.run_id, change.status, threading.current_thread().name))
+            return went
+
+        return noted
+
+    # Every way out of this process: from the committing thread, or handed to the publisher.
+    monkeypatch.setattr(live, "_publish_inline", noting(inline))
+    monkeypatch.setattr(live._publisher, "submit", noting(submit))
+    runs = echo_runs(2)
+    sent.clear()  # their creation's
+    worker = Worker(concurrency=2, listen=False, poll_seconds=60, heartbeat_seconds=60)
+    loop = start(worker)
+    try:
+        until_all_succeed(runs)
+        wait_for(lambda: len([s for s in sent if s[1] == RunStatus.SUCCESS]) == 2)
+    finally:
+        worker.stop()
+        loop.join(10)
+    for run in runs:
+        mine = [(status, name) for run_id, status, name in sent if run_id == str(run.id)]
+        assert [status for status, _ in mine] == [RunStatus.RUNNING, RunStatus.SUCCESS], sent
+        assert {name for _, name in mine} == {"runsite-run"}, sent
 
 
 @pytest.mark.postgres
@@ -259,19 +306,12 @@ def test_a_worker_with_a_backlog_claims_without_first_reading_the_queue(
 
     monkeypatch.setattr(queue, "_claimable", look)
     monkeypatch.setattr(services, "run_claim", spy)
-    runs = [
-        services.run_create(agent_id="echo", thread_id=None, input={"n": n}, actor="t")
-        for n in range(3)
-    ]
+    runs = echo_runs(3)
     # One slot, no NOTIFY, no timer turn: each claim comes with the previous run's end.
     worker = Worker(concurrency=1, listen=False, poll_seconds=60, heartbeat_seconds=60)
     loop = start(worker)
     try:
-        ids = [r.id for r in runs]
-        wait_for(
-            lambda: Run.objects.filter(id__in=ids, status=RunStatus.SUCCESS).count() == 3,
-            timeout=30,
-        )
+        until_all_succeed(runs)
         wait_for(lambda: len(made) >= 4)
         worker.wake()  # a turn after the queue drained
         wait_for(lambda: len(made) >= 5)

@@ -453,19 +453,32 @@ class Worker:
         free = self._free_slots()
         if free <= 0:
             return False
-        claimed = services.run_claim(owner=self.owner, limit=free, told=told or self._backlog)
+        # Each claimed run's change (now `running`) goes out from the run's own thread, which
+        # publishes its end too (`live.sending_thread`): the two leave in order, each in one
+        # Redis PUBLISH from the thread that committed it, and this thread, which claims and
+        # hands runs out, neither sends nor hands every claim to the publisher's thread (whose
+        # event loop send cost a busy worker ~10 % of its CPU, docs/benchmarks.md).
+        with live.publishes_held() as held:
+            claimed = services.run_claim(owner=self.owner, limit=free, told=told or self._backlog)
+        changes = {change.run_id: change for change in held}
         self._backlog = len(claimed) == free
         for c in claimed:
             control = RunControl()
             active = _Active(lease=c.lease, control=control)
             with self._lock:
                 self._active[c.lease.run_id] = active
-            active.future = self._pool.submit(self._execute, c, control)
+            change = changes.pop(str(c.lease.run_id), None)
+            active.future = self._pool.submit(self._execute, c, control, change)
+        live.publish_all(list(changes.values()))  # (none: every claim publishes its run's)
         self.claimed_total += len(claimed)
         return len(claimed) == free
 
-    def _execute(self, claimed: services.ClaimedRun, control: RunControl) -> str:
+    def _execute(
+        self, claimed: services.ClaimedRun, control: RunControl, change: live.RunChange | None
+    ) -> str:
         try:
+            if change is not None:
+                live.publish(change)
             return execute_claimed(claimed, control)
         finally:
             # Executor threads are long-lived: hand the connection back (to the pool on
