@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -27,6 +27,8 @@ from django.conf import settings
 from django.db import transaction
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from runs.holds import Hold
 
 logger = logging.getLogger(__name__)
 
@@ -393,11 +395,10 @@ def _loop_running_here() -> bool:
 
 # Changes committed by a thread serving a request whose answer goes out afterwards
 # (`publishes_held`): kept here until the server has sent it.
-_held = threading.local()
+_held = Hold(lambda changes: publish_all(changes))
 
 
-@contextmanager
-def publishes_held() -> Iterator[list[RunChange]]:
+def publishes_held() -> AbstractContextManager[list[RunChange]]:
     """Within the block, this thread's publishes are kept in the list yielded instead of
     going out, for the server to hand to `publish_all` once it has sent the answer they belong
     to. A request's answer then leaves before its publish, which would otherwise run on the
@@ -405,16 +406,7 @@ def publishes_held() -> Iterator[list[RunChange]]:
     GIL against the thread finishing the answer; nobody waits on a web process's own publish
     before that answer (its subscribers are pages and streams). Raising out of the block
     publishes what was kept at once."""
-    held: list[RunChange] = []
-    outer = getattr(_held, "changes", None)
-    _held.changes = held
-    try:
-        yield held
-    except BaseException:
-        _held.changes = outer
-        publish_all(held)
-        raise
-    _held.changes = outer
+    return _held.held()
 
 
 def publish_all(changes: list[RunChange]) -> None:
@@ -423,7 +415,7 @@ def publish_all(changes: list[RunChange]) -> None:
 
 
 def publish(change: RunChange) -> None:
-    held = getattr(_held, "changes", None)
+    held = _held.kept()
     if held is not None:
         held.append(change)
         return

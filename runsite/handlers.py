@@ -6,7 +6,8 @@ thread (the `request_started` receivers, the view, `response.close()` with `requ
 each on a thread created for the request, plus a task listening for a disconnect the view
 cannot act on. Here a synchronous view's whole request (signals, middleware, view, close) runs in
 one call on the pool; the event loop only reads the body and writes the answer, and then
-publishes what the request committed (`live.publishes_held`), so that the answer goes first.
+publishes what the request committed (`live.publishes_held`) and sends the cancel notices its
+commits kept for workers (`services.cancel_notices_held`), so that the answer goes first.
 
 An asynchronous view (wait, join, stream) runs on the event loop as under Django, with the same
 disconnect handling. `request_started` and the request's creation stay on the loop, with its
@@ -39,7 +40,7 @@ from django.urls import (
     set_script_prefix,
 )
 
-from runs import live
+from runs import live, services
 from runs.api import streaming
 from runs.api.auth import api_key_auth
 from runsite.url_index import RouteIndex
@@ -116,6 +117,13 @@ def _refresh_kept_keys() -> None:
         connection.close()  # back to the pool, as a request's close hands it back
 
 
+def _send_cancel_notices(notices: list[services.Notice]) -> None:
+    try:
+        services.send_cancel_notices(notices)
+    finally:
+        connection.close()  # back to the pool, as a request's close hands it back
+
+
 class ApiHandler(ASGIHandler):
     """Django's handler with `settings.API_MIDDLEWARE` instead of `MIDDLEWARE`, for /api/."""
 
@@ -142,9 +150,10 @@ class ApiHandler(ASGIHandler):
                 await self._serve_async(scope, receive, send, body_file)
                 await self._after_answer()
                 return
-            response, held = await self._in_pool(self._respond, scope, body_file)
+            response, held, notices = await self._in_pool(self._respond, scope, body_file)
             if response.streaming:  # its body may take long: what it committed goes first
                 live.publish_all(held)
+                await self._send_notices(notices)
                 await self.send_response(response, send)
                 await self._in_pool(response.close)
             else:
@@ -152,6 +161,7 @@ class ApiHandler(ASGIHandler):
                     await self.send_response(response, send)
                 finally:
                     live.publish_all(held)
+                    await self._send_notices(notices)
         await self._after_answer()
 
     async def send_response(self, response: Any, send: Any) -> None:
@@ -237,12 +247,19 @@ class ApiHandler(ASGIHandler):
         scope[_MATCH] = (path, match)
         return not _is_async(match.func)
 
-    def _respond(self, scope: Any, body_file: Any) -> tuple[Any, list[live.RunChange]]:
-        """The request from `request_started` to `request_finished`, on one thread, and the
-        changes it committed, held for the event loop to publish once the answer has gone
-        (`live.publishes_held`)."""
-        with live.publishes_held() as held:
-            return self._respond_holding(scope, body_file), held
+    def _respond(
+        self, scope: Any, body_file: Any
+    ) -> tuple[Any, list[live.RunChange], list[services.Notice]]:
+        """The request from `request_started` to `request_finished`, on one thread, with the
+        changes it committed and the cancel notices to workers its commits would have sent,
+        both held for once the answer has gone (`live.publishes_held`,
+        `services.cancel_notices_held`)."""
+        with live.publishes_held() as held, services.cancel_notices_held() as notices:
+            return self._respond_holding(scope, body_file), held, notices
+
+    async def _send_notices(self, notices: list[services.Notice]) -> None:
+        if notices:
+            await self._in_pool(_send_cancel_notices, notices)
 
     def _respond_holding(self, scope: Any, body_file: Any) -> Any:
         signals.request_started.send(sender=self.__class__, scope=scope)

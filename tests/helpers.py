@@ -193,3 +193,57 @@ def session_cookie_for(user: Any) -> str:
     session[HASH_SESSION_KEY] = user.get_session_auth_hash()
     session.create()
     return session.session_key
+
+
+async def asgi_request(
+    method: str,
+    path: str,
+    key: str,
+    *,
+    query: bytes = b"",
+    body: Any = None,
+    on_send: Callable[[dict[str, Any]], None] | None = None,
+) -> int:
+    """One request through the ASGI application as a server calls it (`body`: sent as JSON
+    when given), each message it sends handed to `on_send` as it is sent; returns the
+    answer's status."""
+    import asyncio
+    import json
+
+    from runsite.asgi import application
+
+    headers = [(b"host", b"127.0.0.1"), (b"x-api-key", key.encode())]
+    if body is not None:
+        headers.append((b"content-type", b"application/json"))
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query,
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 80),
+    }
+    content = json.dumps(body).encode() if body is not None else b""
+    bodies = [{"type": "http.request", "body": content, "more_body": False}]
+    status: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        if bodies:
+            return bodies.pop()
+        await asyncio.Event().wait()  # the client stays until the answer
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        if on_send is not None:
+            on_send(message)
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+
+    await application(scope, receive, send)
+    return status[0]

@@ -19,6 +19,7 @@ from django.core.signals import request_finished, request_started
 from runs import services
 from runs.models import Run, Thread
 from runsite.asgi import application
+from tests.helpers import asgi_request
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -369,36 +370,9 @@ async def served(
 ) -> int:
     """One request through the ASGI application as a server calls it, each message it sends
     noted in `order` as ("sent", type) when sent; returns the answer's status."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": query,
-        "root_path": "",
-        "headers": [(b"host", b"127.0.0.1"), (b"x-api-key", key.encode())],
-        "client": ("127.0.0.1", 5000),
-        "server": ("127.0.0.1", 80),
-    }
-    status: list[int] = []
-    bodies = [{"type": "http.request", "body": b"", "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        if bodies:
-            return bodies.pop()
-        await asyncio.Event().wait()  # the client stays until the answer
-        raise AssertionError("unreachable")
-
-    async def send(message: dict[str, Any]) -> None:
-        order.append(("sent", message["type"]))
-        if message["type"] == "http.response.start":
-            status.append(message["status"])
-
-    await application(scope, receive, send)
-    return status[0]
+    return await asgi_request(
+        method, path, key, query=query, on_send=lambda m: order.append(("sent", m["type"]))
+    )
 
 
 async def test_a_synchronous_views_committed_change_is_published_after_its_answer(

@@ -53,12 +53,9 @@ from runs.services.claims import (
     tool_call_release,
 )
 from runs.services.core import (
-    CANCEL_CHANNEL,
     DEFAULT_DECLINE_TEXT,
     QUEUE_CHANNEL,
     REJECT_MESSAGE,
-    cancel_channel,
-    is_cancel_channel,
 )
 from runs.services.decisions import (
     thread_resume,
@@ -67,6 +64,14 @@ from runs.services.decisions import (
     tool_call_decline,
 )
 from runs.services.finish import run_acknowledge_cancel, run_fail_attempt, run_finish
+from runs.services.notices import (
+    CANCEL_CHANNEL,
+    Notice,
+    cancel_channel,
+    cancel_notices_held,
+    is_cancel_channel,
+    send_cancel_notices,
+)
 from runs.services.notifications import (
     deliveries_claim,
     delivery_record,
@@ -131,6 +136,7 @@ __all__ = [
     "FenceResult",
     "HeldWrites",
     "Lease",
+    "Notice",
     "PruneResult",
     "RetryManyResult",
     "StepWrite",
@@ -144,6 +150,7 @@ __all__ = [
     "audit_prune",
     "bulk_cancel_planned",
     "cancel_channel",
+    "cancel_notices_held",
     "deliveries_claim",
     "delivery_record",
     "groups_ensure",
@@ -179,6 +186,7 @@ __all__ = [
     "saved_view_rename",
     "search_refresh",
     "search_refresh_thread",
+    "send_cancel_notices",
     "source_in_hand",
     "staff_scope_set",
     "step_event",

@@ -37,7 +37,6 @@ from runs.rows import (
 )
 from runs.services.core import (
     _LOCK_RUN_COLUMNS,
-    CANCEL_CHANNEL,
     LATEST_VALUES,
     LEASE_CLEARED,
     _audit,
@@ -62,10 +61,16 @@ from runs.services.core import (
     _uuid_param,
     _validate_choice,
     _with_flags,
+    logger,
+)
+from runs.services.notices import (
+    CANCEL_CHANNEL,
+    SEND_SQL,
     cancel_channel,
     cancel_channel_sql,
     cancel_notice,
-    logger,
+    holding,
+    sent_now,
 )
 from runs.services.notifications import _announce
 
@@ -411,7 +416,10 @@ def _cancel_at_once(
     else:
         params_after = []
     notice = cancel_notice(run_id, action)
-    if _notifies_in_sql():
+    # The worker's notice in the statement, unless this thread holds its cancel notices for
+    # after its answer (services/notices.py): then from the row read, below.
+    told_after = holding()
+    if _notifies_in_sql() and not told_after:
         select.append(
             f"CASE WHEN ok.status = '{RunStatus.RUNNING}'"
             f" THEN pg_notify({cancel_channel_sql('ok.lease_owner')}, %s) END AS told"
@@ -431,6 +439,8 @@ def _cancel_at_once(
     transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc())
     if run.status == RunStatus.RUNNING:
         _notify_in_process(CANCEL_CHANNEL, notice)
+        if _notifies_in_sql() and told_after:
+            sent_now([(cancel_channel(run.lease_owner), notice)])  # (kept: none sent now)
     result: Run | None
     if deleted:
         logger.info(
@@ -666,8 +676,8 @@ def _bulk_cancelled(
     return audits, _told(_cancel_notices(running, action))
 
 
-# The workers' notices of a bulk cancel, one text for any number (none included).
-_TELL_SQL = "SELECT count(pg_notify(c, p)) FROM unnest(%s::text[], %s::text[]) AS n(c, p)"
+# The workers' notices of a bulk cancel: notices.SEND_SQL, one text for any number (none
+# included).
 
 
 def _told(notices: Sequence[tuple[str, str]]) -> tuple[str, list[Any]]:
@@ -676,7 +686,8 @@ def _told(notices: Sequence[tuple[str, str]]) -> tuple[str, list[Any]]:
         _notify_in_process(channel, payload)
     if not _notifies_in_sql():
         return "SELECT 1", []
-    return _TELL_SQL, [[c for c, _ in notices], [p for _, p in notices]]
+    notices = sent_now(notices)
+    return SEND_SQL, [[c for c, _ in notices], [p for _, p in notices]]
 
 
 def _inserted(model: type[Model], objs: Sequence[Model]) -> list[tuple[str, list[Any]]]:

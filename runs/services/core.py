@@ -9,7 +9,6 @@ still match, so a worker that lost its lease cannot write anything.
 from __future__ import annotations
 
 import enum
-import hashlib
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -51,42 +50,12 @@ from runs.models import (
     ToolCall,
 )
 from runs.rows import array_param, execute_planned, insert, instances, instances_from_json
+from runs.services.notices import is_cancel_channel, sent_now
 
 logger = logging.getLogger("runs")
 
 
 QUEUE_CHANNEL = "runsite_queue"
-
-
-CANCEL_CHANNEL = "runsite_cancel"
-# A cancel notice goes to the channel of the worker that holds the run (`cancel_channel`), so
-# that a cancel wakes that worker alone; every worker listens on its own and on CANCEL_CHANNEL
-# (where a notice whose worker is not known goes). PostgreSQL's identifiers are 63 bytes at most.
-_OWNER_DIGITS = 16
-
-
-def cancel_channel(owner: str | None) -> str:
-    """The channel a cancel notice for a run held by the worker `owner` (its lease owner) goes
-    to: `runsite_cancel_<first 16 hex digits of the owner's MD5>` (a name, not a secret; the
-    statement that writes the notice computes the same in SQL, `cancel_channel_sql`), or
-    CANCEL_CHANNEL when no worker holds it."""
-    if not owner:
-        return CANCEL_CHANNEL
-    digest = hashlib.md5(owner.encode(), usedforsecurity=False).hexdigest()
-    return f"{CANCEL_CHANNEL}_{digest[:_OWNER_DIGITS]}"
-
-
-def is_cancel_channel(channel: str) -> bool:
-    """Whether a notice on `channel` is a cancel notice (the shared channel or a worker's)."""
-    return channel == CANCEL_CHANNEL or channel.startswith(f"{CANCEL_CHANNEL}_")
-
-
-def cancel_channel_sql(owner_column: str) -> str:
-    """`cancel_channel` of a lease owner column, as a SQL expression (PostgreSQL)."""
-    return (
-        f"CASE WHEN {owner_column} IS NULL OR {owner_column} = '' THEN '{CANCEL_CHANNEL}'"
-        f" ELSE '{CANCEL_CHANNEL}_' || left(md5({owner_column}), {_OWNER_DIGITS}) END"
-    )
 
 
 REJECT_MESSAGE = (
@@ -164,8 +133,9 @@ def _update_returning(
 
 
 def _notify(channel: str, payload: str = "") -> None:
-    # Delivered by PostgreSQL at commit, never before the row is visible.
-    if _notifies_in_sql():
+    # Delivered by PostgreSQL at commit, never before the row is visible (a cancel notice
+    # held for after a request's answer later: services/notices.py).
+    if _notifies_in_sql() and sent_now([(channel, payload)]):
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
     _notify_in_process(channel, payload)
@@ -190,6 +160,7 @@ def _notices_by_select(notices: Sequence[tuple[str, str]]) -> tuple[list[str], l
         _notify_in_process(channel, payload)
     if not _notifies_in_sql():
         return [], []
+    notices = sent_now(notices)
     return ["pg_notify(%s, %s)"] * len(notices), [p for notice in notices for p in notice]
 
 
@@ -984,10 +955,3 @@ def _publish_fenced(
             outcome=outcome,
         )
     )
-
-
-def cancel_notice(run_id: UUID, action: str) -> str:
-    """What the cancel channel says of a run whose cancel this transaction applies (ended or
-    deleted it): `<run id>=<action>`. The worker running it then stops without asking the
-    database (`engine/worker.py`); a bare run id (an older version's) asks it to apply one."""
-    return f"{run_id}={action}"
