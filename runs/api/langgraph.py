@@ -12,7 +12,7 @@ from typing import Any
 from uuid import UUID
 
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
-from ninja import Query, Router
+from ninja import Query, Router, Status
 
 from runs import selectors, services
 from runs.api import graphs as graph_api
@@ -227,22 +227,22 @@ def get_thread(request: HttpRequest, thread_id: UUID, include: str | None = None
 @threads.patch("/threads/{thread_id}", response={200: ThreadOut, 204: None, **errors(404)})
 def patch_thread(
     request: HttpRequest, thread_id: UUID, payload: ThreadPatchIn
-) -> Thread | tuple[int, None]:
+) -> Thread | Status[None]:
     payload.refuse_unsupported()
     caller = caller_of(request)
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
     thread = services.thread_update(thread=thread, metadata=payload.metadata, ttl=payload.ttl)
     if "return=minimal" in request.headers.get("Prefer", ""):
-        return 204, None
+        return Status(204, None)
     return p.with_interrupts(thread)
 
 
 @threads.delete("/threads/{thread_id}", response={204: None, **errors(404)})
-def delete_thread(request: HttpRequest, thread_id: UUID) -> tuple[int, None]:
+def delete_thread(request: HttpRequest, thread_id: UUID) -> Status[None]:
     caller = caller_of(request)
     thread = selectors.thread_get(thread_id, pinned_resource_id=caller.pinned_resource_id)
     services.thread_delete(thread=thread, actor=caller.actor)
-    return 204, None
+    return Status(204, None)
 
 
 def _state_of(thread: Thread) -> dict[str, Any]:
@@ -514,7 +514,7 @@ def create_runs_batch(request: HttpRequest, payload: list[RunCreateIn]) -> list[
 @runs.post("/runs/cancel", response={204: None, **errors(404)})
 def cancel_runs(
     request: HttpRequest, payload: RunsCancelIn, action: str | None = None
-) -> tuple[int, None]:
+) -> Status[None]:
     caller = caller_of(request)
     services.runs_cancel_many(
         action="rollback" if action == "rollback" else "interrupt",
@@ -524,7 +524,7 @@ def cancel_runs(
         status=payload.status,
         pinned_resource_id=caller.pinned_resource_id,
     )
-    return 204, None
+    return Status(204, None)
 
 
 @runs.post("/runs", response={200: RunOut, **errors(404, 409)})
@@ -587,13 +587,13 @@ def get_run(request: HttpRequest, thread_id: UUID, run_id: UUID) -> Run:
 
 
 @runs.delete("/threads/{thread_id}/runs/{run_id}", response={204: None, **errors(404, 409)})
-def delete_run(request: HttpRequest, thread_id: UUID, run_id: UUID) -> tuple[int, None]:
+def delete_run(request: HttpRequest, thread_id: UUID, run_id: UUID) -> Status[None]:
     caller = caller_of(request)
     run = selectors.run_get(
         run_id, pinned_resource_id=caller.pinned_resource_id, thread_id=thread_id
     )
     services.run_delete(run=run, actor=caller.actor, pinned_resource_id=caller.pinned_resource_id)
-    return 204, None
+    return Status(204, None)
 
 
 def _cancel_on_disconnect(value: str | None) -> str | None:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 from django.http import HttpRequest
-from ninja import Field, Router, Schema
+from ninja import Field, Router, Schema, Status
 from pydantic import ConfigDict
 
 from runs import selectors, services
@@ -100,7 +100,7 @@ def retry_runs(request: HttpRequest, payload: RetryManyIn) -> dict[str, Any]:
 
 
 @retry.post("/runs/{run_id}/retry", response={201: RetriedRunOut, **errors(404, 409)})
-def retry_run(request: HttpRequest, run_id: UUID, payload: RetryIn) -> tuple[int, Run]:
+def retry_run(request: HttpRequest, run_id: UUID, payload: RetryIn) -> Status[Run]:
     caller = caller_of(request)
     run = selectors.run_get(run_id, pinned_resource_id=caller.pinned_resource_id)
     extra: dict[str, Any] = {"input": payload.input} if "input" in payload.model_fields_set else {}
@@ -112,4 +112,4 @@ def retry_run(request: HttpRequest, run_id: UUID, payload: RetryIn) -> tuple[int
         pinned_resource_id=caller.pinned_resource_id,
         **extra,
     )
-    return 201, new
+    return Status(201, new)

@@ -12,7 +12,7 @@ from typing import Any
 from uuid import UUID
 
 from django.http import HttpRequest, StreamingHttpResponse
-from ninja import Query, Router
+from ninja import Query, Router, Status
 
 from runs import selectors, services
 from runs.api import presenters as p
@@ -204,8 +204,8 @@ def _resume(caller: Caller, agent_id: str, payload: ResumeIn) -> Run:
     )
 
 
-def _decided(caller: Caller, run: Run) -> tuple[int, selectors.RunDetail]:
-    return 202, selectors.run_detail(run.id, pinned_resource_id=caller.pinned_resource_id)
+def _decided(caller: Caller, run: Run) -> Status[selectors.RunDetail]:
+    return Status(202, selectors.run_detail(run.id, pinned_resource_id=caller.pinned_resource_id))
 
 
 @review.post(
@@ -213,7 +213,7 @@ def _decided(caller: Caller, run: Run) -> tuple[int, selectors.RunDetail]:
 )
 def approve_tool_call(
     request: HttpRequest, agent_id: str, payload: ApproveIn
-) -> tuple[int, selectors.RunDetail]:
+) -> Status[selectors.RunDetail]:
     caller = caller_of(request)
     return _decided(caller, _approve(caller, agent_id, payload))
 
@@ -223,7 +223,7 @@ def approve_tool_call(
 )
 def decline_tool_call(
     request: HttpRequest, agent_id: str, payload: DeclineIn
-) -> tuple[int, selectors.RunDetail]:
+) -> Status[selectors.RunDetail]:
     caller = caller_of(request)
     return _decided(caller, _decline(caller, agent_id, payload))
 
@@ -231,7 +231,7 @@ def decline_tool_call(
 @review.post("/agents/{agent_id}/resume", response={202: ReviewRunOut, **errors(404, 409)})
 def resume_run(
     request: HttpRequest, agent_id: str, payload: ResumeIn
-) -> tuple[int, selectors.RunDetail]:
+) -> Status[selectors.RunDetail]:
     caller = caller_of(request)
     return _decided(caller, _resume(caller, agent_id, payload))
 
