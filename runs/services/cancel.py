@@ -70,6 +70,7 @@ from runs.services.notices import (
     cancel_channel_sql,
     cancel_notice,
     holding,
+    keep,
     sent_now,
 )
 from runs.services.notifications import _announce
@@ -440,7 +441,7 @@ def _cancel_at_once(
     if run.status == RunStatus.RUNNING:
         _notify_in_process(CANCEL_CHANNEL, notice)
         if _notifies_in_sql() and told_after:
-            sent_now([(cancel_channel(run.lease_owner), notice)])  # (kept: none sent now)
+            keep([(cancel_channel(run.lease_owner), notice)])
     result: Run | None
     if deleted:
         logger.info(
@@ -674,10 +675,6 @@ def _bulk_cancelled(
     transaction.on_commit(lambda: metrics.CANCELS.labels(action).inc(count))
     running = [(r.id, r.lease_owner) for r in runs if r.status == RunStatus.RUNNING]
     return audits, _told(_cancel_notices(running, action))
-
-
-# The workers' notices of a bulk cancel: notices.SEND_SQL, one text for any number (none
-# included).
 
 
 def _told(notices: Sequence[tuple[str, str]]) -> tuple[str, list[Any]]:

@@ -89,16 +89,22 @@ def holding() -> bool:
     return _held.kept() is not None
 
 
+def keep(notices: Sequence[Notice]) -> None:
+    """Keep cancel notices this thread holds (`holding()`) from the current transaction's
+    commit on, instead of sending them with it (dropped if it rolls back)."""
+    kept = _held.kept()
+    assert kept is not None, "keep() outside cancel_notices_held()"
+    if notices:
+        transaction.on_commit(lambda: kept.extend(notices))
+
+
 def sent_now(notices: Sequence[Notice]) -> list[Notice]:
     """Of `notices`, to go out with the current transaction's commit, those its statement must
-    send: all of them outside `cancel_notices_held`; within it, all but the cancel notices,
-    which are kept from the transaction's commit on (dropped if it rolls back)."""
-    kept = _held.kept()
-    if kept is None:
+    send: all of them unless this thread holds its cancel notices; then all but those, which
+    are kept (`keep`)."""
+    if not holding():
         return list(notices)
-    cancels = [n for n in notices if is_cancel_channel(n[0])]
-    if cancels:
-        transaction.on_commit(lambda: kept.extend(cancels))
+    keep([n for n in notices if is_cancel_channel(n[0])])
     return [n for n in notices if not is_cancel_channel(n[0])]
 
 
