@@ -110,16 +110,10 @@ class _SyncChain(base.BaseHandler):
         return _resolve_once(self, request)
 
 
-def _refresh_kept_keys() -> None:
+def _after_answer_call(fn: Any, *args: Any) -> None:
+    """`fn(*args)` on the pool after an answer, its database connection handed back after."""
     try:
-        api_key_auth.refresh_kept_keys()
-    finally:
-        connection.close()  # back to the pool, as a request's close hands it back
-
-
-def _send_cancel_notices(notices: list[services.Notice]) -> None:
-    try:
-        services.send_cancel_notices(notices)
+        fn(*args)
     finally:
         connection.close()  # back to the pool, as a request's close hands it back
 
@@ -182,7 +176,7 @@ class ApiHandler(ASGIHandler):
         if not api_key_auth.kept_keys_due():
             return
         try:
-            await self._in_pool(_refresh_kept_keys)
+            await self._in_pool(_after_answer_call, api_key_auth.refresh_kept_keys)
         except Exception:
             logger.warning("api: reading the kept API keys again failed", exc_info=True)
 
@@ -259,7 +253,7 @@ class ApiHandler(ASGIHandler):
 
     async def _send_notices(self, notices: list[services.Notice]) -> None:
         if notices:
-            await self._in_pool(_send_cancel_notices, notices)
+            await self._in_pool(_after_answer_call, services.send_cancel_notices, notices)
 
     def _respond_holding(self, scope: Any, body_file: Any) -> Any:
         signals.request_started.send(sender=self.__class__, scope=scope)

@@ -8,10 +8,10 @@ cleared (or the run deleted), so a worker that never hears it is fenced out at i
 or heartbeat (`LeaseLost`, `RunCancelled`, `run_heartbeat`) and stops the run there.
 
 At that COMMIT PostgreSQL signals the worker's listening backend, which wakes the worker's
-listener thread, on the cores the request's answer still needs. Within `held()`, a thread's
-cancel notices are kept instead, from the commit of the transaction that wrote them, for the
-server to `send` once its answer has left (runsite/handlers.py): the harness's cancel answers
-~0.5 ms sooner on two cores, and its worker hears it about a millisecond later
+listener thread, on the cores the request's answer still needs. Within `cancel_notices_held()`,
+a thread's cancel notices are kept instead, from the commit of the transaction that wrote them,
+for the server to `send_cancel_notices` once its answer has left (runsite/handlers.py): the
+harness's cancel answers ~0.3-0.5 ms sooner on two cores, and its worker hears it ~3 ms later
 (docs/benchmarks.md).
 
 Only the NOTIFYs to workers are held. Queue wake-ups go out at commit (a worker should claim a
